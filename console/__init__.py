@@ -1,0 +1,1 @@
+"""slo-console's command line and Textual operator console."""

@@ -1,0 +1,107 @@
+"""One interface for "serve this load, give me each request's token timeline".
+
+The simulator and live servers both implement `Backend`, so metrics, tuner, policies, batch runner and
+console never care which world they run in. A backend drives the whole load plan (open-loop arrivals or
+closed-loop clients) because how clients wait differs between worlds: the simulator advances a virtual
+clock, a live backend awaits real HTTP streams.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from core.records import RequestRecord, RequestSpec
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot serve at all (server down, engine missing). Batch exit code 3."""
+
+
+@dataclass(slots=True)
+class EngineSample:
+    """A snapshot of the engine, from the simulator's state or a live server's /metrics."""
+
+    time_s: float
+    running: int
+    waiting: int
+    kv_usage: float  # 0..1
+    preemptions_total: int = 0
+    generated_tokens_total: int = 0
+    spec_draft_tokens_total: int | None = None
+    spec_accepted_tokens_total: int | None = None
+    power_w: float | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class LoadPlan:
+    """The load to offer. `requests` is consumed lazily so closed-loop runs can be open-ended.
+
+    mode "open": each spec is sent at its `arrival_s`; `concurrency` (if set) caps requests in flight,
+      later ones wait client-side (like `vllm bench serve --max-concurrency`).
+    mode "closed": `concurrency` clients each send their next request when the previous one ends
+      (plus `think_time_s`); arrival times are assigned on send.
+    The run ends when the requests are exhausted, `max_requests` were sent, or `duration_s` has passed
+    (no new sends after it; requests in flight are allowed to finish).
+    """
+
+    requests: Iterator[RequestSpec]
+    mode: Literal["open", "closed"] = "open"
+    concurrency: int | None = None
+    think_time_s: float = 0.0
+    max_requests: int | None = None
+    duration_s: float | None = None
+    # Requests sent before this time (or the first `warmup_requests`) are flagged warmup and discarded.
+    warmup_s: float = 0.0
+    warmup_requests: int = 0
+
+
+class RunObserver(Protocol):
+    def on_record(self, record: RequestRecord) -> None: ...
+
+    def on_engine_sample(self, sample: EngineSample) -> None: ...
+
+
+@dataclass(slots=True)
+class RunOutcome:
+    records: list[RequestRecord]
+    duration_s: float  # run clock from start to the last completion
+    samples: list[EngineSample] = field(default_factory=list)
+    interrupted: bool = False
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+class Backend(Protocol):
+    """Serve a load plan and report each request. Implementations: `SimBackend`, live backends."""
+
+    name: str
+
+    def describe(self) -> dict[str, Any]:
+        """Engine, version, model and hardware facts for the factsheet."""
+        ...
+
+    async def run(self, plan: LoadPlan, observer: RunObserver | None = None) -> RunOutcome: ...
+
+    async def close(self) -> None: ...
+
+
+class CallbackObserver:
+    """Adapts two plain callables to `RunObserver`."""
+
+    def __init__(
+        self,
+        on_record: Callable[[RequestRecord], None] | None = None,
+        on_engine_sample: Callable[[EngineSample], None] | None = None,
+    ) -> None:
+        self._on_record = on_record
+        self._on_sample = on_engine_sample
+
+    def on_record(self, record: RequestRecord) -> None:
+        if self._on_record is not None:
+            self._on_record(record)
+
+    def on_engine_sample(self, sample: EngineSample) -> None:
+        if self._on_sample is not None:
+            self._on_sample(sample)

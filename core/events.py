@@ -1,0 +1,43 @@
+"""The one event stream: batch prints it as JSON Lines, the console renders it, the factsheet sums it up.
+
+An event is a flat JSON object with an `event` name. Floats are rounded so the same run gives the same
+bytes (a summary must not differ in the 17th digit between two identical runs on different platforms).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+Event = dict[str, Any]
+EventSink = Callable[[Event], None]
+
+FLOAT_DIGITS = 6
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            return None  # JSON has no NaN/inf; null reads as "undefined" (e.g. p99 of zero requests)
+        return round(value, FLOAT_DIGITS)
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        return _clean(value.item())
+    return value
+
+
+def make_event(name: str, **fields: Any) -> Event:
+    return {"event": name, **_clean(fields)}
+
+
+def to_json_line(event: Event) -> str:
+    return json.dumps(_clean(event), separators=(",", ":"), ensure_ascii=False)
+
+
+def null_sink(event: Event) -> None:
+    """A sink that drops events (for library use without a listener)."""

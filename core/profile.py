@@ -1,0 +1,327 @@
+"""Profiles: YAML files that say what to run (workload, SLOs, knobs, engine calibration), validated.
+
+Every model forbids unknown keys, so a typo is refused with the file, the field path and what was
+expected, instead of being silently ignored. `load_profile` raises `ProfileError` carrying that one line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ---------------------------------------------------------------- lengths
+
+
+class FixedLength(Strict):
+    dist: Literal["fixed"] = "fixed"
+    value: Annotated[int, Field(ge=1)]
+
+
+class LognormalLength(Strict):
+    """Lognormal with the given arithmetic mean; `sigma` is the std of the underlying normal."""
+
+    dist: Literal["lognormal"] = "lognormal"
+    mean: Annotated[float, Field(gt=0)]
+    sigma: Annotated[float, Field(ge=0)] = 0.5
+    min: Annotated[int, Field(ge=1)] = 1
+    max: Annotated[int, Field(ge=1)] = 32768
+
+
+class UniformLength(Strict):
+    dist: Literal["uniform"] = "uniform"
+    low: Annotated[int, Field(ge=1)]
+    high: Annotated[int, Field(ge=1)]
+
+
+class EmpiricalLength(Strict):
+    """Draw from observed values (optionally weighted)."""
+
+    dist: Literal["empirical"] = "empirical"
+    values: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+    weights: list[Annotated[float, Field(ge=0)]] | None = None
+
+
+LengthDist = Annotated[
+    FixedLength | LognormalLength | UniformLength | EmpiricalLength, Field(discriminator="dist")
+]
+
+
+# ---------------------------------------------------------------- arrivals
+
+
+class PoissonArrival(Strict):
+    kind: Literal["poisson"] = "poisson"
+    rate_rps: Annotated[float, Field(gt=0)]
+
+
+class ConstantArrival(Strict):
+    kind: Literal["constant"] = "constant"
+    rate_rps: Annotated[float, Field(gt=0)]
+
+
+class GammaArrival(Strict):
+    """Gamma inter-arrivals with shape = burstiness (1 = Poisson, < 1 burstier), as vllm bench serve."""
+
+    kind: Literal["gamma"] = "gamma"
+    rate_rps: Annotated[float, Field(gt=0)]
+    burstiness: Annotated[float, Field(gt=0)] = 1.0
+
+
+class OnOffArrival(Strict):
+    """Poisson at `rate_rps` during on-periods, silence during off-periods (bursty regime)."""
+
+    kind: Literal["onoff"] = "onoff"
+    rate_rps: Annotated[float, Field(gt=0)]
+    on_s: Annotated[float, Field(gt=0)]
+    off_s: Annotated[float, Field(ge=0)]
+
+
+class ClosedLoopArrival(Strict):
+    """N clients, each sending its next request when the previous one ends (plus think time)."""
+
+    kind: Literal["closed"] = "closed"
+    clients: Annotated[int, Field(ge=1)]
+    think_time_s: Annotated[float, Field(ge=0)] = 0.0
+
+
+Arrival = Annotated[
+    PoissonArrival | ConstantArrival | GammaArrival | OnOffArrival | ClosedLoopArrival,
+    Field(discriminator="kind"),
+]
+
+
+# ---------------------------------------------------------------- SLOs and tasks
+
+
+class SLOSpec(Strict):
+    e2e_s: Annotated[float, Field(gt=0)] | None = None
+    ttft_s: Annotated[float, Field(gt=0)] | None = None
+    tpot_s: Annotated[float, Field(gt=0)] | None = None
+
+
+class TaskSpec(Strict):
+    name: str
+    weight: Annotated[float, Field(gt=0)] = 1.0
+    prompt_tokens: LengthDist
+    output_tokens: LengthDist
+    slo: SLOSpec | None = None  # falls back to the profile's slo
+    # Mean speculative-decoding acceptance rate of this task's text (simulator); None: calibration default.
+    acceptance: Annotated[float, Field(ge=0, lt=1)] | None = None
+
+
+class TraceSpec(Strict):
+    """Replay a recorded trace. Relative paths resolve against the profile's directory."""
+
+    path: str
+    format: Literal["csv", "jsonl", "adaserve"] = "jsonl"
+    time_scale: Annotated[float, Field(gt=0)] = 1.0  # multiply timestamps (0.5 = twice as fast)
+    # AdaServe artifact: slo_ratio scales this baseline per-token latency into a TPOT SLO.
+    baseline_tpot_s: Annotated[float, Field(gt=0)] | None = None
+
+
+class WorkloadSpec(Strict):
+    arrival: Arrival | None = None
+    trace: TraceSpec | None = None
+    tasks: list[TaskSpec] = Field(default_factory=list)
+    requests: Annotated[int, Field(ge=1)] = 1000
+    duration_s: Annotated[float, Field(gt=0)] | None = None
+    warmup_requests: Annotated[int, Field(ge=0)] = 0
+    warmup_s: Annotated[float, Field(ge=0)] = 0.0
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadSpec:
+        if (self.arrival is None) == (self.trace is None):
+            raise ValueError("give exactly one of 'arrival' or 'trace'")
+        if self.arrival is not None and not self.tasks:
+            raise ValueError("'tasks' needs at least one task when arrivals are synthetic")
+        return self
+
+
+class SmoothGoodputSpec(Strict):
+    """Paper 003: benefit(r) = n_r - alpha * f(l_r), token i due at a + ttft_allow + (i-1)/V."""
+
+    alpha: Annotated[float, Field(ge=0)] = 5.0
+    reading_speed_tps: Annotated[float, Field(gt=0)] = 20.0
+    ttft_allow_s: Annotated[float, Field(ge=0)] = 1.0
+    penalty: Literal["linear", "quadratic", "log1p"] = "linear"
+
+
+# ---------------------------------------------------------------- knobs
+
+
+class KnobsSpec(Strict):
+    """Logical serving knobs (paper 000's K plus the engine's batching limits)."""
+
+    concurrency: Annotated[int, Field(ge=1)] | None = None  # client-side in-flight cap (open loop)
+    max_num_seqs: Annotated[int, Field(ge=1)] = 256
+    max_num_batched_tokens: Annotated[int, Field(ge=1)] = 2048
+    spec_on: bool = False
+    spec_width: Annotated[int, Field(ge=0, le=64)] = 0  # num_speculative_tokens; 0 = off
+    chunked_prefill: bool = True
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+
+    @property
+    def effective_spec_width(self) -> int:
+        return self.spec_width if self.spec_on else 0
+
+
+# ---------------------------------------------------------------- calibration
+
+
+class PerfTerm(Strict):
+    """One roofline term of the step-time model (paper 004 sec. 3.1.1, extended with a KV-read term):
+
+    term = base_s + per_token_s * batched_tokens + per_ctx_token_s * context_tokens
+           + per_spec_step_s * spec_steps + per_seq_s * sequences
+    step time = max over terms (the bottleneck), times noise.
+    """
+
+    name: str
+    base_s: Annotated[float, Field(ge=0)] = 0.0
+    per_token_s: Annotated[float, Field(ge=0)] = 0.0
+    per_ctx_token_s: Annotated[float, Field(ge=0)] = 0.0
+    per_spec_step_s: Annotated[float, Field(ge=0)] = 0.0
+    per_seq_s: Annotated[float, Field(ge=0)] = 0.0
+
+
+class PowerModel(Strict):
+    """Modelled accelerator power: idle + (peak - idle) * utilisation (utilisation = busy share)."""
+
+    idle_w: Annotated[float, Field(ge=0)]
+    peak_w: Annotated[float, Field(ge=0)]
+
+
+class Calibration(Strict):
+    name: str
+    model: str
+    hardware: str
+    derivation: str = ""
+    terms: Annotated[list[PerfTerm], Field(min_length=1)]
+    kv_capacity_tokens: Annotated[int, Field(ge=1)]
+    block_size: Annotated[int, Field(ge=1)] = 16
+    noise_cv: Annotated[float, Field(ge=0, lt=1)] = 0.03
+    default_acceptance: Annotated[float, Field(ge=0, lt=1)] = 0.6
+    # Spread of per-request acceptance around its mean (Beta concentration; larger = tighter).
+    acceptance_concentration: Annotated[float, Field(gt=0)] = 20.0
+    max_model_len: Annotated[int, Field(ge=1)] = 4096
+    power: PowerModel | None = None
+
+
+class EngineSpec(Strict):
+    """Which calibration drives the simulator: a file (relative to the profile, then profiles/) or inline."""
+
+    calibration: str | Calibration = "calibrations/tinyllama-1.1b-l40s.yaml"
+
+
+class Profile(Strict):
+    name: str
+    description: str = ""
+    seed: int = 0
+    workload: WorkloadSpec
+    slo: SLOSpec = Field(default_factory=lambda: SLOSpec(e2e_s=1.2))
+    smooth_goodput: SmoothGoodputSpec = Field(default_factory=SmoothGoodputSpec)
+    knobs: KnobsSpec = Field(default_factory=KnobsSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    # Extension sections owned by other capabilities (live server, tuner, energy) are added here.
+
+    _source: Path | None = PrivateAttr(default=None)
+
+
+class ProfileError(ValueError):
+    """A profile could not be read or is invalid. The message is one line naming cause and fix."""
+
+
+def _format_validation(path: Path, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
+    msg = first["msg"]
+    got = first.get("input")
+    got_text = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    more = len(err.errors()) - 1
+    tail = f"; and {more} more problem(s)" if more else ""
+    where = f"{loc}: " if loc else ""
+    return f"{path}: {where}{msg}{got_text}{tail}"
+
+
+def resolve_profile_path(name_or_path: str | Path) -> Path:
+    """A path as given, else a name under the shipped profiles/ (with or without .yaml)."""
+    path = Path(name_or_path)
+    if path.exists():
+        return path
+    for candidate in (PROFILES_DIR / path, PROFILES_DIR / f"{path}.yaml", PROFILES_DIR / path.name):
+        if candidate.exists():
+            return candidate
+    raise ProfileError(
+        f"{name_or_path}: profile not found; give a path to a YAML file or a name from {PROFILES_DIR}"
+    )
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        return yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read ({exc.strerror}); check the path") from exc
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ProfileError(f"{path}:{where} is not valid YAML; fix the syntax there") from exc
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    path = resolve_profile_path(name_or_path)
+    data = _read_yaml(path)
+    if not isinstance(data, dict):
+        raise ProfileError(f"{path}: expected a mapping of profile fields at the top level")
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(_format_validation(path, exc)) from None
+    # Remember where it came from: relative paths inside (calibration, trace) resolve against it.
+    profile._source = path.resolve()
+    return profile
+
+
+def profile_source(profile: Profile) -> Path | None:
+    return profile._source
+
+
+def resolve_relative(profile: Profile, ref: str) -> Path:
+    """Resolve a path written in a profile: relative to the profile's file, then to profiles/."""
+    path = Path(ref)
+    if path.is_absolute():
+        return path
+    source = profile_source(profile)
+    candidates = ([source.parent / path] if source else []) + [PROFILES_DIR / path]
+    for candidate in candidates:
+        if candidate.exists():
+            return candidate
+    raise ProfileError(f"{ref}: file named in the profile not found (looked in {', '.join(map(str, candidates))})")
+
+
+def load_calibration(profile: Profile) -> Calibration:
+    ref = profile.engine.calibration
+    if isinstance(ref, Calibration):
+        return ref
+    path = resolve_relative(profile, ref)
+    data = _read_yaml(path)
+    try:
+        return Calibration.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(_format_validation(path, exc)) from None
+
+
+def profile_hash(profile: Profile) -> str:
+    """A stable hash of the validated profile (for provenance)."""
+    blob = profile.model_dump_json(exclude_none=False).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,115 @@
+"""Request specifications and per-request records: the data every layer shares.
+
+A `RequestSpec` is what a workload asks for; a `RequestRecord` is what happened to it, whichever world
+served it (the simulator in virtual time, or a live server in wall time). Metrics only ever read records.
+
+Token timestamps are kept per *chunk* (one streamed delta, or one engine step in the simulator): a chunk
+that carries k tokens gives all k tokens its arrival time, as `vllm bench serve` does. Arrays are numpy
+views where possible so the simulator can hand out 100k records without copying token timelines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import numpy as np
+
+
+class Status(StrEnum):
+    """How a request ended. Only `ok` requests enter latency percentiles."""
+
+    OK = "ok"
+    ERROR = "error"  # HTTP error, broken stream, server crash
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"  # refused by admission control (a policy decision, not a fault)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSLO:
+    """Latency objectives for one request; None means the objective does not apply."""
+
+    e2e_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One request as the workload defines it.
+
+    `arrival_s` is the scheduled send time relative to the start of the run (open loop). For closed-loop
+    clients it is filled in when the client actually sends.
+    """
+
+    request_id: int
+    prompt_tokens: int
+    output_tokens: int  # max_tokens; with ignore_eos the exact count generated
+    arrival_s: float = 0.0
+    task: str = "default"
+    slo: RequestSLO = field(default_factory=RequestSLO)
+    # Speculative-decoding acceptance rate this request's text would see (simulator only).
+    acceptance: float | None = None
+    warmup: bool = False
+    # Client that sends it (closed loop); None for open-loop arrivals.
+    client_id: int | None = None
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request. Times are seconds on the run's clock (virtual or wall)."""
+
+    request_id: int
+    task: str
+    slo: RequestSLO
+    prompt_tokens: int
+    max_tokens: int
+    scheduled_s: float  # when the workload wanted it sent
+    arrival_s: float  # when it was actually sent (latencies are measured from here, like vllm bench)
+    status: Status = Status.OK
+    end_s: float | None = None
+    output_tokens: int = 0
+    # Arrival time of each streamed chunk; chunk_times[0] is the first token.
+    chunk_times: np.ndarray | None = None
+    # Tokens in each chunk; None means one token per chunk.
+    chunk_tokens: np.ndarray | None = None
+    error: str | None = None
+    warmup: bool = False
+    preemptions: int = 0
+    client_id: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def first_token_s(self) -> float | None:
+        if self.chunk_times is None or len(self.chunk_times) == 0:
+            return None
+        return float(self.chunk_times[0])
+
+    @property
+    def e2e_s(self) -> float | None:
+        return None if self.end_s is None else self.end_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        first = self.first_token_s
+        return None if first is None else first - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """(e2e - TTFT) / (n - 1), defined for n > 1 (vllm bench serve's definition)."""
+        first = self.first_token_s
+        if first is None or self.end_s is None or self.output_tokens <= 1:
+            return None
+        return (self.end_s - first) / (self.output_tokens - 1)
+
+    def token_times(self) -> np.ndarray:
+        """Per-token arrival times (a chunk of k tokens repeats its time k times)."""
+        if self.chunk_times is None:
+            return np.empty(0)
+        if self.chunk_tokens is None:
+            return np.asarray(self.chunk_times, dtype=float)
+        return np.repeat(np.asarray(self.chunk_times, dtype=float), self.chunk_tokens)
