@@ -218,6 +218,29 @@ class Calibration(Strict):
     power: PowerModel | None = None
 
 
+class SustainabilitySpec(Strict):
+    """Carbon inputs for the factsheet: gCO2e per 1k tokens = Wh per 1k tokens / 1000 * intensity * PUE.
+
+    Defaults: the world-average grid (location-based, lifecycle factor) and a workstation PUE. Set the
+    figures of your own grid and facility; every value travels into the factsheet with its source and year.
+    """
+
+    # Ember, Global Electricity Review 2023 (published 2023-04): world electricity averaged 436 gCO2/kWh
+    # in 2022; Ember's factors are lifecycle CO2e over 100 years.
+    grid_intensity_gco2e_per_kwh: Annotated[float, Field(ge=0)] = 436.0
+    grid_intensity_source: str = "Ember, Global Electricity Review 2023: world average, lifecycle CO2e"
+    grid_intensity_year: int = 2022
+    grid_region: str = "world"
+    # PUE = facility energy / IT energy. 1.0: a workstation outside a data centre has no facility overhead
+    # to apportion. A typical data centre is ~1.58 (Uptime Institute Global Data Center Survey 2023).
+    pue: Annotated[float, Field(ge=1.0)] = 1.0
+    pue_source: str = (
+        "slo-console default for a workstation (no facility overhead); "
+        "data-centre average 1.58 per Uptime Institute survey 2023"
+    )
+    pue_year: int = 2023
+
+
 class EngineSpec(Strict):
     """Which calibration drives the simulator: a file (relative to the profile, then profiles/) or inline."""
 
@@ -233,6 +256,7 @@ class Profile(Strict):
     smooth_goodput: SmoothGoodputSpec = Field(default_factory=SmoothGoodputSpec)
     knobs: KnobsSpec = Field(default_factory=KnobsSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
+    sustainability: SustainabilitySpec = Field(default_factory=SustainabilitySpec)
     # Extension sections owned by other capabilities (live server, tuner, energy) are added here.
 
     _source: Path | None = PrivateAttr(default=None)
