@@ -1,0 +1,253 @@
+"""Trace replay: recorded arrivals and lengths from CSV, JSON Lines, or the AdaServe artifact format.
+
+Columns (CSV header) or keys (JSON), one request per row:
+
+  arrival time   `timestamp_s` (seconds) or `emission_time_ms` (milliseconds) or `arrival_s`
+  prompt length  `input_length` or `prompt_tokens`
+  output length  `output_length` or `output_tokens`
+  task           `task` (optional; matched against the profile's tasks for SLO and acceptance)
+  SLO            `slo_e2e_s`, `slo_ttft_s`, `slo_tpot_s` (optional, seconds), or `slo_ratio`
+  anything else  ignored, so traces exported by other tools replay without editing
+
+`slo_ratio` is how the AdaServe artifact states a request's TPOT objective: a multiple of the
+deployment's per-token latency at near-zero load (AdaServe sec. 6.1, Table 2: coding copilot requests
+get 1.2x that baseline). The profile's `trace.baseline_tpot_s` supplies the baseline, so the objective
+becomes slo_tpot_s = slo_ratio * baseline_tpot_s.
+
+Times are multiplied by `time_scale` and shifted so the earliest request arrives at 0 (traces taken
+from production carry wall-clock offsets that a run should not sit idle through). Rows are replayed in
+time order. Any bad row stops the load with `ProfileError` naming file, line and the fix.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.profile import ProfileError, TraceSpec
+from core.records import RequestSLO
+
+TIME_KEYS_S = ("timestamp_s", "arrival_s")
+TIME_KEYS_MS = ("emission_time_ms",)
+PROMPT_KEYS = ("input_length", "prompt_tokens")
+OUTPUT_KEYS = ("output_length", "output_tokens")
+SLO_KEYS = {"slo_e2e_s": "e2e_s", "slo_ttft_s": "ttft_s", "slo_tpot_s": "tpot_s"}
+# A JSON document (not JSON Lines) keeps its rows under one of these keys, or is a bare list.
+DOCUMENT_ROW_KEYS = ("entries", "requests", "trace")
+
+
+@dataclass(slots=True)
+class TraceTable:
+    """A trace, parsed and sorted by arrival. Row i is request i of the replay."""
+
+    arrival_s: np.ndarray  # float64, non-decreasing, first = 0
+    prompt_tokens: np.ndarray  # int64
+    output_tokens: np.ndarray  # int64
+    tasks: list[str | None]  # None: the row named no task
+    slos: list[RequestSLO | None]  # None: the row stated no SLO (the task's or profile's applies)
+    source: Path
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+@dataclass(slots=True)
+class _Row:
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    task: str | None
+    slo: RequestSLO | None
+
+
+class _RowReader:
+    """Turns one raw row into a `_Row`, or raises ProfileError at `where` (file:line)."""
+
+    def __init__(self, spec: TraceSpec, path: Path) -> None:
+        self._spec = spec
+        self._path = path
+        self._slo_cache: dict[tuple[float | None, float | None, float | None], RequestSLO] = {}
+
+    def read(self, raw: Mapping[str, Any], where: str) -> _Row:
+        arrival_s = self._arrival(raw, where) * self._spec.time_scale
+        prompt = self._length(raw, PROMPT_KEYS, "prompt length", where)
+        output = self._length(raw, OUTPUT_KEYS, "output length", where)
+        task_value = raw.get("task")
+        task = None if _is_blank(task_value) else str(task_value)
+        return _Row(arrival_s, prompt, output, task, self._slo(raw, where))
+
+    def _arrival(self, raw: Mapping[str, Any], where: str) -> float:
+        for key in TIME_KEYS_S + TIME_KEYS_MS:
+            if key in raw and not _is_blank(raw[key]):
+                value = _number(raw[key], key, where)
+                if value < 0:
+                    raise ProfileError(f"{where}: '{key}' is negative ({value}); arrival times must be >= 0")
+                return value / 1000.0 if key in TIME_KEYS_MS else value
+        raise ProfileError(
+            f"{where}: no arrival time; give 'timestamp_s' (seconds) or 'emission_time_ms' (milliseconds)"
+        )
+
+    def _length(self, raw: Mapping[str, Any], keys: tuple[str, ...], what: str, where: str) -> int:
+        for key in keys:
+            if key in raw and not _is_blank(raw[key]):
+                value = _number(raw[key], key, where)
+                if value < 1 or value != math.floor(value):
+                    raise ProfileError(
+                        f"{where}: '{key}' must be a whole number of tokens >= 1 (got {raw[key]!r}); "
+                        "fix or delete this row"
+                    )
+                return int(value)
+        raise ProfileError(f"{where}: no {what}; give '{keys[0]}' or '{keys[1]}' (tokens)")
+
+    def _slo(self, raw: Mapping[str, Any], where: str) -> RequestSLO | None:
+        objectives: dict[str, float | None] = {"e2e_s": None, "ttft_s": None, "tpot_s": None}
+        stated = False
+        for key, field_name in SLO_KEYS.items():
+            if key in raw and not _is_blank(raw[key]):
+                objectives[field_name] = self._positive(raw[key], key, where)
+                stated = True
+        if "slo_ratio" in raw and not _is_blank(raw["slo_ratio"]):
+            ratio = self._positive(raw["slo_ratio"], "slo_ratio", where)
+            if objectives["tpot_s"] is not None:
+                raise ProfileError(f"{where}: both 'slo_ratio' and 'slo_tpot_s' given; keep one of them")
+            baseline = self._spec.baseline_tpot_s
+            if baseline is None:
+                raise ProfileError(
+                    f"{where}: 'slo_ratio' needs a baseline; set workload.trace.baseline_tpot_s "
+                    "in the profile to the per-token latency at near-zero load (seconds)"
+                )
+            # Rounded to 12 significant digits so 12 x 0.0125 reads 0.15, not 0.15000000000000002.
+            objectives["tpot_s"] = float(f"{ratio * baseline:.12g}")
+            stated = True
+        if not stated:
+            return None
+        key = (objectives["e2e_s"], objectives["ttft_s"], objectives["tpot_s"])
+        # Traces repeat a handful of SLO classes; share one frozen object per class.
+        slo = self._slo_cache.get(key)
+        if slo is None:
+            slo = self._slo_cache[key] = RequestSLO(*key)
+        return slo
+
+    @staticmethod
+    def _positive(value: Any, key: str, where: str) -> float:
+        number = _number(value, key, where)
+        if number <= 0:
+            raise ProfileError(f"{where}: '{key}' must be > 0 (got {value!r}); fix or delete this row")
+        return number
+
+
+def _is_blank(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip() == "")
+
+
+def _number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool):  # JSON true/false would otherwise pass as 1/0
+        raise ProfileError(f"{where}: '{key}' must be a number (got {value!r}); fix or delete this row")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ProfileError(
+            f"{where}: '{key}' must be a number (got {value!r}); fix or delete this row"
+        ) from None
+    if not math.isfinite(number):
+        raise ProfileError(f"{where}: '{key}' must be finite (got {value!r}); fix or delete this row")
+    return number
+
+
+def _csv_rows(path: Path, text: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    reader = csv.DictReader(text.splitlines())
+    header = [name.strip() for name in (reader.fieldnames or [])]
+    if not header:
+        raise ProfileError(f"{path}:1: no header row; the first line must name the columns")
+    reader.fieldnames = header
+    missing = [
+        what
+        for what, keys in (
+            ("an arrival time ('timestamp_s' or 'emission_time_ms')", TIME_KEYS_S + TIME_KEYS_MS),
+            ("a prompt length ('input_length' or 'prompt_tokens')", PROMPT_KEYS),
+            ("an output length ('output_length' or 'output_tokens')", OUTPUT_KEYS),
+        )
+        if not any(key in header for key in keys)
+    ]
+    if missing:
+        raise ProfileError(f"{path}:1: the header has no column for {' or '.join(missing)}; add it")
+    for raw in reader:
+        if None in raw:  # more cells than header names
+            raise ProfileError(f"{path}:{reader.line_num}: more cells than header columns; fix this row")
+        if all(_is_blank(value) for value in raw.values()):
+            continue
+        yield raw, f"{path}:{reader.line_num}"
+
+
+def _json_lines_rows(path: Path, text: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    for line_number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{line_number}"
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ProfileError(
+                f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object"
+            ) from None
+        if not isinstance(raw, dict):
+            raise ProfileError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
+        yield raw, where
+
+
+def _adaserve_rows(path: Path, text: str) -> Iterator[tuple[Mapping[str, Any], str]]:
+    """The AdaServe artifact's rows, as JSON Lines or as one JSON document holding a list of rows."""
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError:
+        document = None  # more than one JSON value: JSON Lines
+    rows: Any = None
+    if isinstance(document, list):
+        rows = document
+    elif isinstance(document, dict):
+        rows = next((document[key] for key in DOCUMENT_ROW_KEYS if isinstance(document.get(key), list)), None)
+    if rows is None:
+        yield from _json_lines_rows(path, text)
+        return
+    for index, raw in enumerate(rows):
+        where = f"{path}: entry {index}"
+        if not isinstance(raw, dict):
+            raise ProfileError(f"{where}: expected a JSON object per entry, got {type(raw).__name__}")
+        yield raw, where
+
+
+def load_trace(spec: TraceSpec, path: Path) -> TraceTable:
+    """Read and validate a whole trace (eagerly, so a bad row fails before the run starts)."""
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileError(
+            f"{path}: cannot read the trace ({exc.strerror}); check workload.trace.path"
+        ) from exc
+    row_source = {"csv": _csv_rows, "jsonl": _json_lines_rows, "adaserve": _adaserve_rows}[spec.format]
+    reader = _RowReader(spec, path)
+    rows = [reader.read(raw, where) for raw, where in row_source(path, text)]
+    if not rows:
+        raise ProfileError(
+            f"{path}: the trace has no requests; add rows or point workload.trace.path elsewhere"
+        )
+    arrival = np.fromiter((row.arrival_s for row in rows), dtype=float, count=len(rows))
+    # A stable sort keeps the file's order among requests sent at the same instant.
+    order = np.argsort(arrival, kind="stable")
+    rows = [rows[i] for i in order]
+    arrival = arrival[order] - arrival[order[0]]
+    return TraceTable(
+        arrival_s=arrival,
+        prompt_tokens=np.fromiter((row.prompt_tokens for row in rows), dtype=np.int64, count=len(rows)),
+        output_tokens=np.fromiter((row.output_tokens for row in rows), dtype=np.int64, count=len(rows)),
+        tasks=[row.task for row in rows],
+        slos=[row.slo for row in rows],
+        source=path,
+    )
