@@ -1,0 +1,296 @@
+"""Per-request outcomes for many records at once: latencies, SLO verdicts, idle latency and benefit.
+
+This is the one place where a `RequestRecord` is turned into numbers. `summarize` (whole run) and
+`WindowedAggregator` (live panels) both call `compute_outcomes`, so a request is judged the same way in
+the final summary and on the live screen.
+
+Speed: the simulator hands out 100k records of a few hundred chunks each. A Python loop over records
+reads the scalar fields (cheap); everything that grows with tokens is done on concatenated chunk arrays,
+in batches so memory stays bounded, with segment reductions (`np.maximum.reduceat`, `np.add.reduceat`).
+
+Choices for cases the papers leave open (also listed in docs/metrics.md):
+- A record whose own SLO has every field None takes the run's SLO (`fallback_slo`); a record with any
+  field set uses its own SLO as is (the workload has already resolved task SLOs against the profile).
+- TPOT is defined for n > 1 only; for the SLO verdict a request with n <= 1 passes its TPOT SLO, as
+  `vllm bench serve` does for goodput (it sets TPOT to 0 there).
+- A completed request with no chunk times but output tokens was not streamed: its whole response arrives
+  at its end, so TTFT = e2e and its tokens form one chunk at end_s.
+- Failed requests never meet an SLO. For smooth goodput they keep the tokens they delivered, judged by
+  their idle latency, and the user is also taken to have waited for the next token until the failure was
+  reported (end_s). So a request dropped after a long queue wait costs benefit, while one rejected at once
+  costs nothing: abandoning late work is never free, which is the flaw of plain goodput that paper 003
+  (sec. 4.1) points at.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.profile import SLOSpec, SmoothGoodputSpec
+from core.records import RequestRecord, RequestSLO, Status
+
+NAN = float("nan")
+
+# Status codes in outcome arrays: index into this tuple.
+STATUSES: tuple[Status, ...] = tuple(Status)
+_STATUS_CODE: dict[str, int] = {status.value: code for code, status in enumerate(STATUSES)}
+OK_CODE = _STATUS_CODE[Status.OK.value]
+
+# Penalty maps f(l) of paper 003 eq. 7, l in seconds. "linear" is the default: it is the simplest
+# monotone map, and with it alpha reads directly as "tokens of benefit forfeited per second the reader sat
+# idle", which makes alpha easy to choose and to explain. "quadratic" punishes long stalls far more than
+# short ones; "log1p" saturates, for readers who stop caring once they have waited at all.
+PENALTIES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "linear": lambda idle_s: idle_s,
+    "quadratic": np.square,
+    "log1p": np.log1p,
+}
+
+# SLO verdicts are "latency <= objective", inclusive. Latencies are differences of timestamps, so a
+# latency exactly at the objective can come out a few ulps above it (3.2 - 2.0 > 1.2); 1 ns, below any
+# clock's resolution here, keeps such a request on the side of the line it is really on.
+SLO_TOLERANCE_S = 1e-9
+
+# Chunk elements processed per batch: about 16 MB per float64 working array.
+_CHUNK_BATCH = 1 << 21
+
+
+def penalty(idle_s: np.ndarray | float, kind: str) -> np.ndarray:
+    """f(l) of paper 003 eq. 7 for idle latencies in seconds."""
+    try:
+        func = PENALTIES[kind]
+    except KeyError:
+        raise ValueError(f"unknown smooth-goodput penalty {kind!r}; use one of {sorted(PENALTIES)}") from None
+    return func(np.asarray(idle_s, dtype=float))
+
+
+def _slo_tuple(slo: RequestSLO | SLOSpec) -> tuple[float, float, float]:
+    def value(v: float | None) -> float:
+        return NAN if v is None else float(v)
+
+    return value(slo.e2e_s), value(slo.ttft_s), value(slo.tpot_s)
+
+
+@dataclass(slots=True)
+class RequestOutcomes:
+    """Column arrays, one entry per record (in the order given). NaN marks an undefined value."""
+
+    arrival_s: np.ndarray
+    end_s: np.ndarray
+    status_code: np.ndarray  # index into STATUSES
+    ok: np.ndarray
+    task_code: np.ndarray  # index into task_names
+    task_names: list[str]
+    output_tokens: np.ndarray  # as reported by the record (vllm bench uses the server's usage count)
+    e2e_s: np.ndarray
+    ttft_s: np.ndarray
+    tpot_s: np.ndarray
+    slo_e2e_s: np.ndarray  # NaN: no e2e SLO applies
+    slo_ttft_s: np.ndarray
+    slo_tpot_s: np.ndarray
+    good: np.ndarray  # counts toward goodput (paper 000 eq. 1)
+    attained: np.ndarray  # met every SLO that applies
+    idle_s: np.ndarray  # user idle latency (paper 003 eq. 6); NaN when nothing can be said
+    benefit: np.ndarray  # paper 003 eq. 7; 0 where idle_s is NaN
+    itl_s: np.ndarray  # all gaps between chunks of ok requests (empty unless collect_itl)
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def _chunk_pass(
+    times_list: list[np.ndarray],
+    tokens_list: list[np.ndarray | None],
+    arrival: np.ndarray,
+    ok: np.ndarray,
+    smooth: SmoothGoodputSpec,
+    collect_itl: bool,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+    """First-chunk time, delivered tokens and max lateness per request, plus ITL gaps of ok requests.
+
+    Lateness of token i is t_i - d_i with d_i = a + ttft_allow + (i - 1)/V (paper 003 eq. 4, shifted by
+    the first-token allowance of sec. 3.4). Inside one chunk t is constant and d grows with i, so the
+    maximum over a chunk's tokens is at its first token: only chunk starts are evaluated.
+    """
+    n = len(times_list)
+    first = np.empty(n)
+    delivered = np.empty(n, dtype=np.int64)
+    max_late = np.empty(n)
+    itl_parts: list[np.ndarray] = []
+    if n == 0:
+        return first, delivered, max_late, itl_parts
+    counts_all = np.fromiter(map(len, times_list), dtype=np.int64, count=n)
+    ends_all = np.cumsum(counts_all)
+    lo = 0
+    while lo < n:
+        # Take records until the batch holds about _CHUNK_BATCH chunks (at least one record).
+        base = ends_all[lo - 1] if lo else 0
+        hi = int(np.searchsorted(ends_all, base + _CHUNK_BATCH, side="right"))
+        hi = max(hi, lo + 1)
+        counts = counts_all[lo:hi]
+        m = hi - lo
+        flat_t = np.concatenate(times_list[lo:hi]).astype(float, copy=False)
+        starts = np.zeros(m, dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        seg = np.repeat(np.arange(m), counts)
+        batch_tokens = tokens_list[lo:hi]
+        if any(tk is not None for tk in batch_tokens):
+            tok = np.ones(len(flat_t), dtype=np.int64)
+            for j, tk in enumerate(batch_tokens):
+                if tk is not None:
+                    tok[starts[j] : starts[j] + counts[j]] = tk
+            before = np.cumsum(tok) - tok  # tokens before each chunk, counted from the batch start
+            before -= before[starts][seg]  # ... now from the request's start
+            delivered[lo:hi] = np.add.reduceat(tok, starts)
+        else:
+            before = np.arange(len(flat_t)) - starts[seg]
+            delivered[lo:hi] = counts
+        deadline = arrival[lo:hi][seg] + smooth.ttft_allow_s + before / smooth.reading_speed_tps
+        max_late[lo:hi] = np.maximum.reduceat(flat_t - deadline, starts)
+        first[lo:hi] = flat_t[starts]
+        if collect_itl and len(flat_t) > 1:
+            gaps = np.diff(flat_t)
+            # A gap counts only inside one request (not across the seam to the next) of an ok request.
+            keep = (seg[1:] == seg[:-1]) & ok[lo:hi][seg[1:]]
+            itl_parts.append(gaps[keep])
+        lo = hi
+    return first, delivered, max_late, itl_parts
+
+
+def compute_outcomes(
+    records: Sequence[RequestRecord],
+    *,
+    fallback_slo: SLOSpec | RequestSLO,
+    smooth: SmoothGoodputSpec,
+    collect_itl: bool = True,
+) -> RequestOutcomes:
+    """Judge every record given (the caller has already dropped warm-up records)."""
+    fallback = _slo_tuple(fallback_slo)
+    slo_cache: dict[RequestSLO, tuple[float, float, float]] = {}
+    task_codes: dict[str, int] = {}
+
+    n = len(records)
+    arrival: list[float] = []
+    end: list[float] = []
+    status_code: list[int] = []
+    task_code: list[int] = []
+    output_tokens: list[int] = []
+    slos: list[tuple[float, float, float]] = []
+    chunk_rows: list[int] = []
+    times_list: list[np.ndarray] = []
+    tokens_list: list[np.ndarray | None] = []
+
+    for i, rec in enumerate(records):
+        arrival.append(rec.arrival_s)
+        end_s = rec.end_s
+        end.append(NAN if end_s is None else end_s)
+        code = _STATUS_CODE[rec.status]
+        status_code.append(code)
+        task = rec.task
+        tcode = task_codes.get(task)
+        if tcode is None:
+            tcode = task_codes[task] = len(task_codes)
+        task_code.append(tcode)
+        n_out = rec.output_tokens
+        output_tokens.append(n_out)
+        slo = rec.slo
+        resolved = slo_cache.get(slo)
+        if resolved is None:
+            own = _slo_tuple(slo)
+            resolved = fallback if all(math.isnan(v) for v in own) else own
+            slo_cache[slo] = resolved
+        slos.append(resolved)
+        times = rec.chunk_times
+        if times is not None and len(times):
+            chunk_rows.append(i)
+            times_list.append(times)
+            tokens_list.append(rec.chunk_tokens)
+        elif code == OK_CODE and end_s is not None and n_out > 0:
+            # Not streamed: the whole response arrives at the end, as one chunk.
+            chunk_rows.append(i)
+            times_list.append(np.array([end_s]))
+            tokens_list.append(np.array([n_out]))
+
+    arrival_a = np.array(arrival, dtype=float)
+    end_a = np.array(end, dtype=float)
+    status_a = np.array(status_code, dtype=np.int64)
+    ok = status_a == OK_CODE
+    out_tok = np.array(output_tokens, dtype=np.int64)
+    slo_a = np.array(slos, dtype=float).reshape(n, 3)
+    slo_e2e, slo_ttft, slo_tpot = slo_a[:, 0], slo_a[:, 1], slo_a[:, 2]
+
+    rows = np.array(chunk_rows, dtype=np.int64)
+    first_c, delivered_c, late_c, itl_parts = _chunk_pass(
+        times_list, tokens_list, arrival_a[rows], ok[rows], smooth, collect_itl
+    )
+    first = np.full(n, NAN)
+    first[rows] = first_c
+    delivered = np.zeros(n, dtype=np.int64)
+    delivered[rows] = delivered_c
+    max_late = np.full(n, NAN)
+    max_late[rows] = late_c
+
+    # ---- latencies (vllm bench serve definitions), ok requests only
+    e2e = np.where(ok, end_a - arrival_a, NAN)
+    ttft = np.where(ok, first - arrival_a, NAN)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tpot = np.where(ok & (out_tok > 1), (end_a - first) / (out_tok - 1), NAN)
+
+    # ---- SLO verdicts. A comparison with NaN is False, so an undefined latency fails an applicable SLO.
+    e2e_met = np.isnan(slo_e2e) | (e2e <= slo_e2e + SLO_TOLERANCE_S)
+    ttft_met = np.isnan(slo_ttft) | (ttft <= slo_ttft + SLO_TOLERANCE_S)
+    tpot_for_slo = np.where(ok & (out_tok <= 1), 0.0, tpot)  # n <= 1 passes, as vllm bench
+    tpot_met = np.isnan(slo_tpot) | (tpot_for_slo <= slo_tpot + SLO_TOLERANCE_S)
+    attained = ok & e2e_met & ttft_met & tpot_met
+    # Goodput (paper 000 eq. 1) judges e2e latency; a request without an e2e SLO is judged by the SLOs it
+    # has instead (TTFT/TPOT, as vllm bench's --goodput), and one with no SLO at all counts as good.
+    good = ok & np.where(np.isnan(slo_e2e), ttft_met & tpot_met, e2e_met)
+
+    # ---- user idle latency and benefit (paper 003 eqs. 6-7)
+    idle = np.where(np.isnan(max_late), NAN, np.maximum(max_late, 0.0))
+    # A failure leaves the reader waiting for token k+1 (due a + allow + k/V) until the error arrives.
+    failed_wait = end_a - (arrival_a + smooth.ttft_allow_s + delivered / smooth.reading_speed_tps)
+    waited = ~ok & ~np.isnan(end_a)
+    idle = np.where(waited, np.fmax(idle, np.maximum(failed_wait, 0.0)), idle)
+    # A completed request that produced no token leaves nothing to wait for.
+    idle = np.where(ok & np.isnan(idle), 0.0, idle)
+    tokens_for_benefit = np.where(ok, out_tok, delivered)
+    with np.errstate(invalid="ignore"):
+        benefit = tokens_for_benefit - smooth.alpha * penalty(idle, smooth.penalty)
+    benefit = np.where(np.isnan(idle), 0.0, benefit)
+
+    itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
+    return RequestOutcomes(
+        arrival_s=arrival_a,
+        end_s=end_a,
+        status_code=status_a,
+        ok=ok,
+        task_code=np.array(task_code, dtype=np.int64),
+        task_names=list(task_codes),
+        output_tokens=out_tok,
+        e2e_s=e2e,
+        ttft_s=ttft,
+        tpot_s=tpot,
+        slo_e2e_s=slo_e2e,
+        slo_ttft_s=slo_ttft,
+        slo_tpot_s=slo_tpot,
+        good=good,
+        attained=attained,
+        idle_s=idle,
+        benefit=benefit,
+        itl_s=itl,
+    )
+
+
+def idle_latency_s(record: RequestRecord, smooth: SmoothGoodputSpec) -> float:
+    """User idle latency of one record (paper 003 eq. 6), with the same rules as the summaries."""
+    return float(compute_outcomes([record], fallback_slo=RequestSLO(), smooth=smooth).idle_s[0])
+
+
+def benefit(record: RequestRecord, smooth: SmoothGoodputSpec) -> float:
+    """Benefit of one record in tokens (paper 003 eq. 7)."""
+    return float(compute_outcomes([record], fallback_slo=RequestSLO(), smooth=smooth).benefit[0])

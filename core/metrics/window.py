@@ -1,0 +1,195 @@
+"""A sliding-window view of the metrics for live panels, fed one record at a time.
+
+`add` is O(1) amortised: records wait in a small pending list and are judged in batches by the same
+`compute_outcomes` that `summarize` uses, so a request gets the same verdict live and in the final summary.
+Only a compact row per request is kept in the window (not its token timeline), so a long run holds
+O(requests in the window) memory.
+
+A request belongs to the window by the time it ended (its arrival if it never ended): the window
+[now - window_s, now] shows what finished in the last window_s seconds. Rates divide by window_s, or by
+the time since the first arrival while the run is younger than one window, so the first seconds of a run
+do not read as a slump.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from core.metrics.outcomes import compute_outcomes
+from core.metrics.summary import NAN, _json_ready, percentiles
+from core.profile import SLOSpec, SmoothGoodputSpec
+from core.records import RequestRecord
+
+# Row layout of the window deque.
+_KEY, _OK, _E2E, _TTFT, _TPOT, _GOOD, _ATTAINED, _BENEFIT, _TOKENS = range(9)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSnapshot:
+    """Metrics over the requests that ended in (now_s - window_s, now_s]. NaN means undefined."""
+
+    now_s: float
+    window_s: float  # the T the rates divide by (shorter than the window while the run is young)
+    requests: int
+    completed: int
+    failed: int
+    p50_s: float
+    p95_s: float
+    p99_s: float
+    ttft_p99_s: float
+    tpot_p99_s: float
+    goodput_rps: float
+    smooth_goodput: float  # benefit tokens per second
+    slo_attainment: float
+    throughput_rps: float
+    output_tps: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return _json_ready(asdict(self))
+
+
+@dataclass(frozen=True, slots=True)
+class WindowTotals:
+    """Cumulative counts since the aggregator was created (warm-up records are counted apart)."""
+
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    good: int = 0  # counted toward goodput
+    attained: int = 0
+    output_tokens: int = 0
+    benefit_tokens: float = 0.0
+    warmup_skipped: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class WindowedAggregator:
+    """Sliding-window metrics: `add(record)` as requests finish, `snapshot(now_s)` when a panel redraws."""
+
+    def __init__(
+        self,
+        window_s: float,
+        slo: SLOSpec,
+        smooth: SmoothGoodputSpec,
+        *,
+        batch_size: int = 512,
+    ) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window_s must be > 0 seconds (got {window_s!r})")
+        self.window_s = float(window_s)
+        self.slo = slo
+        self.smooth = smooth
+        self._batch_size = batch_size
+        self._pending: list[RequestRecord] = []
+        self._rows: deque[tuple[float, ...]] = deque()
+        self._newest_key = -math.inf
+        self._first_arrival_s = math.inf
+        self._totals = WindowTotals()
+
+    def add(self, record: RequestRecord) -> None:
+        if record.warmup:
+            self._totals = _replace_totals(self._totals, warmup_skipped=self._totals.warmup_skipped + 1)
+            return
+        self._pending.append(record)
+        if len(self._pending) >= self._batch_size:
+            self._flush()
+
+    @property
+    def totals(self) -> WindowTotals:
+        self._flush()
+        return self._totals
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        out = compute_outcomes(self._pending, fallback_slo=self.slo, smooth=self.smooth, collect_itl=False)
+        self._pending = []
+        key = np.where(np.isnan(out.end_s), out.arrival_s, out.end_s)
+        columns = (
+            key,
+            out.ok,
+            out.e2e_s,
+            out.ttft_s,
+            out.tpot_s,
+            out.good,
+            out.attained,
+            out.benefit,
+            out.output_tokens,
+        )
+        self._rows.extend(zip(*(col.astype(float).tolist() for col in columns), strict=True))
+        self._newest_key = max(self._newest_key, float(key.max()))
+        self._first_arrival_s = min(self._first_arrival_s, float(out.arrival_s.min()))
+        completed = int(out.ok.sum())
+        t = self._totals
+        self._totals = WindowTotals(
+            requests=t.requests + len(out),
+            completed=t.completed + completed,
+            failed=t.failed + len(out) - completed,
+            good=t.good + int(out.good.sum()),
+            attained=t.attained + int(out.attained.sum()),
+            output_tokens=t.output_tokens + int(out.output_tokens[out.ok].sum()),
+            benefit_tokens=t.benefit_tokens + float(out.benefit.sum()),
+            warmup_skipped=t.warmup_skipped,
+        )
+        self._evict(self._newest_key)
+
+    def _evict(self, now_s: float) -> None:
+        # Rows arrive roughly in end order; one that is out of order lingers until those before it go,
+        # and `snapshot` filters by time anyway, so this only bounds memory.
+        horizon = now_s - self.window_s
+        rows = self._rows
+        while rows and rows[0][_KEY] <= horizon:
+            rows.popleft()
+
+    def snapshot(self, now_s: float) -> WindowSnapshot:
+        """Metrics of (now_s - window_s, now_s]. Time only moves forward: rows older than the newest
+        end added minus the window are already dropped, so a snapshot of the past may miss them."""
+        self._flush()
+        self._evict(now_s)
+        span = min(self.window_s, now_s - self._first_arrival_s)
+        if self._rows:
+            table = np.array(self._rows, dtype=float)
+            inside = (table[:, _KEY] > now_s - self.window_s) & (table[:, _KEY] <= now_s)
+            table = table[inside]
+        else:
+            table = np.empty((0, 9))
+        ok = table[:, _OK] > 0
+        e2e = table[ok, _E2E]
+        e2e = e2e[~np.isnan(e2e)]
+        ttft = table[ok, _TTFT]
+        tpot = table[ok, _TPOT]
+        p50, p95, p99 = percentiles(e2e, (50.0, 95.0, 99.0))
+        requests = len(table)
+        completed = int(ok.sum())
+
+        def rate(amount: float) -> float:
+            return amount / span if span > 0 else NAN
+
+        return WindowSnapshot(
+            now_s=float(now_s),
+            window_s=span if span > 0 else NAN,
+            requests=requests,
+            completed=completed,
+            failed=requests - completed,
+            p50_s=p50,
+            p95_s=p95,
+            p99_s=p99,
+            ttft_p99_s=percentiles(ttft[~np.isnan(ttft)], (99.0,))[0],
+            tpot_p99_s=percentiles(tpot[~np.isnan(tpot)], (99.0,))[0],
+            goodput_rps=rate(float(table[:, _GOOD].sum())),
+            smooth_goodput=rate(float(table[:, _BENEFIT].sum())),
+            slo_attainment=float(table[:, _ATTAINED].sum()) / requests if requests else NAN,
+            throughput_rps=rate(completed),
+            output_tps=rate(float(table[ok, _TOKENS].sum())),
+        )
+
+
+def _replace_totals(totals: WindowTotals, **changes: Any) -> WindowTotals:
+    return WindowTotals(**{**asdict(totals), **changes})
