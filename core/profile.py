@@ -247,6 +247,26 @@ class EngineSpec(Strict):
     calibration: str | Calibration = "calibrations/tinyllama-1.1b-l40s.yaml"
 
 
+class ServerSpec(Strict):
+    """How `--backend vllm` launches a local vLLM (ignored by the simulator and `--backend url`)."""
+
+    # vLLM's interpreter; None: $SLO_CONSOLE_VLLM_PYTHON, then the cached CPU venv, then this python.
+    python: str | None = None
+    model: str = "builtin:tiny-llama"  # a path, a hub id, or builtin:tiny-llama
+    served_model_name: str | None = None  # None: the built-in's name, else the model as given
+    # Source of speculative tokens when knobs.spec_width > 0: a draft model, or a draft-free method.
+    draft_model: str | None = None  # e.g. builtin:tiny-llama-draft-low / builtin:tiny-llama-draft-high
+    spec_method: str | None = None  # e.g. ngram
+    # "cpu": flags and env that let vLLM's CPU build start (see notes/vllm-cpu.md); "auto": cpu when
+    # vLLM's platform is the CPU; "none": only knobs and extra_args.
+    preset: Literal["auto", "cpu", "none"] = "auto"
+    extra_args: list[str] = Field(default_factory=list)  # appended verbatim; they override the preset
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=0, le=65535)] = 0  # 0: a free port per start
+    startup_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+
+
 class Profile(Strict):
     name: str
     description: str = ""
@@ -257,6 +277,7 @@ class Profile(Strict):
     knobs: KnobsSpec = Field(default_factory=KnobsSpec)
     engine: EngineSpec = Field(default_factory=EngineSpec)
     sustainability: SustainabilitySpec = Field(default_factory=SustainabilitySpec)
+    server: ServerSpec = Field(default_factory=ServerSpec)
     # Extension sections owned by other capabilities (live server, tuner, energy) are added here.
 
     _source: Path | None = PrivateAttr(default=None)
@@ -267,12 +288,19 @@ class ProfileError(ValueError):
 
 
 def _format_validation(path: Path, err: ValidationError) -> str:
-    first = err.errors()[0]
+    errors = err.errors()
+    # A misspelt key usually also causes a "field required" error elsewhere; the typo is the cause.
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
-    msg = first["msg"]
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field; check its spelling and level against the shipped profiles/quickstart.yaml"
+    else:
+        msg = first["msg"]
     got = first.get("input")
     got_text = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
-    more = len(err.errors()) - 1
+    if first["type"] == "extra_forbidden":
+        got_text = ""
+    more = len(errors) - 1
     tail = f"; and {more} more problem(s)" if more else ""
     where = f"{loc}: " if loc else ""
     return f"{path}: {where}{msg}{got_text}{tail}"
@@ -330,7 +358,9 @@ def resolve_relative(profile: Profile, ref: str) -> Path:
     for candidate in candidates:
         if candidate.exists():
             return candidate
-    raise ProfileError(f"{ref}: file named in the profile not found (looked in {', '.join(map(str, candidates))})")
+    raise ProfileError(
+        f"{ref}: file named in the profile not found (looked in {', '.join(map(str, candidates))})"
+    )
 
 
 def load_calibration(profile: Profile) -> Calibration:

@@ -12,6 +12,7 @@ from core.profile import Calibration, KnobsSpec
 from core.sim.engine import SimEngine
 
 PACE_TICK_S = 0.05  # how often a paced run hands control back to the event loop
+UNPACED_SLICE_S = 30.0  # virtual seconds simulated between yields when running flat out
 
 
 class SimBackend:
@@ -70,7 +71,10 @@ class SimBackend:
         interrupted = False
         try:
             if self.speed is None:
-                engine.run()
+                # Yield to the event loop between slices of virtual time so Ctrl-C (task cancellation)
+                # can stop a long run and keep what it measured.
+                while not engine.advance_until(engine.clock + UNPACED_SLICE_S):
+                    await asyncio.sleep(0)
             else:
                 start = time.monotonic()
                 while not engine.advance_until((time.monotonic() - start) * self.speed):

@@ -1,0 +1,80 @@
+"""Command line of slo-console. Parsing only: the batch path must not import Textual (see tests)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DEFAULT_PROFILE = "quickstart"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slo-console",
+        description="Operator console for LLM serving against a latency SLO (vLLM or the embedded simulator).",
+        epilog="Exit codes: 0 ok, 2 bad usage or profile, 3 backend unavailable, 4 run failed, 130 interrupted.",
+    )
+    parser.add_argument(
+        "--batch", action="store_true", help="run headless: JSON Lines on stdout, logs on stderr"
+    )
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile YAML path or shipped name")
+    parser.add_argument(
+        "--job",
+        default="run",
+        choices=["run", "tune", "calibrate", "compare"],
+        help="what to do (default: run the workload)",
+    )
+    parser.add_argument(
+        "--backend",
+        default="sim",
+        choices=["sim", "vllm", "url"],
+        help="sim: embedded simulator (default); vllm: launch a local vLLM; url: attach to --url",
+    )
+    parser.add_argument("--url", help="base URL of a running OpenAI-compatible server (with --backend url)")
+    parser.add_argument("--seed", type=int, help="override the profile's seed")
+    parser.add_argument("--requests", type=int, help="override the number of requests")
+    parser.add_argument(
+        "--duration", type=float, dest="duration_s", help="stop sending after this many seconds"
+    )
+    parser.add_argument(
+        "--out", type=Path, help="write events.jsonl, requests.jsonl, summary.json, factsheet.*"
+    )
+    parser.add_argument(
+        "--speed",
+        type=float,
+        default=1.0,
+        help="console only: simulator speed factor against wall time (default 1.0)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("requests",):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be at least 1 (got {value})")
+    if args.duration_s is not None and args.duration_s <= 0:
+        parser.error(f"--duration must be positive seconds (got {args.duration_s})")
+    if args.batch:
+        from core.batch import BatchArgs, run_batch
+
+        return run_batch(
+            BatchArgs(
+                profile=args.profile,
+                job=args.job,
+                backend=args.backend,
+                url=args.url,
+                seed=args.seed,
+                requests=args.requests,
+                duration_s=args.duration_s,
+                out=args.out,
+                argv=["slo-console", *argv],
+            )
+        )
+    from console.app import run_app  # imported only here: the batch path never loads Textual
+
+    return run_app(args)

@@ -1,0 +1,189 @@
+"""Headless batch runner: `slo-console --batch ...`. JSON Lines on stdout, logs on stderr.
+
+Never imports Textual (tests/test_batch.py proves it). Exit codes (also in README):
+  0 ok, 2 bad usage or profile, 3 backend unavailable, 4 the run failed, 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from core.backends.base import BackendUnavailable
+from core.events import Event, to_json_line
+from core.profile import Profile, ProfileError, load_profile
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_BACKEND = 3
+EXIT_FAILED = 4
+EXIT_INTERRUPTED = 130
+
+log = logging.getLogger("slo_console")
+
+
+@dataclass(slots=True)
+class BatchArgs:
+    profile: str
+    job: str = "run"
+    backend: str = "sim"
+    url: str | None = None
+    seed: int | None = None
+    requests: int | None = None
+    duration_s: float | None = None
+    out: Path | None = None
+    argv: list[str] | None = None
+
+
+class EventWriter:
+    """Writes each event to stdout and, with --out, to events.jsonl as it happens (nothing is lost)."""
+
+    def __init__(self, stream: IO[str], out_dir: Path | None) -> None:
+        self.stream = stream
+        self.file: IO[str] | None = None
+        if out_dir is not None:
+            self.file = (out_dir / "events.jsonl").open("w")
+
+    def __call__(self, event: Event) -> None:
+        line = to_json_line(event)
+        self.stream.write(line + "\n")
+        self.stream.flush()
+        if self.file is not None:
+            self.file.write(line + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+
+
+def _prepare_out(out: Path | None) -> Path | None:
+    if out is None:
+        return None
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ProfileError(
+            f"--out {out}: cannot create the directory ({exc.strerror}); choose another"
+        ) from exc
+    return out
+
+
+async def _run_cancellable(coro_factory: Callable[[], Any]) -> Any:
+    """Run the job as a task that Ctrl-C cancels; backends return what they measured when cancelled."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(coro_factory())
+    with contextlib.suppress(NotImplementedError, RuntimeError):
+        loop.add_signal_handler(signal.SIGINT, task.cancel)
+    try:
+        return await task
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGINT)
+
+
+def _write_requests(path: Path, records: list[Any]) -> None:
+    with path.open("w") as fh:
+        for r in records:
+            fh.write(
+                json.dumps(
+                    {
+                        "request_id": r.request_id,
+                        "task": r.task,
+                        "status": r.status.value,
+                        "warmup": r.warmup,
+                        "scheduled_s": round(r.scheduled_s, 6),
+                        "arrival_s": round(r.arrival_s, 6),
+                        "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 6),
+                        "e2e_s": None if r.e2e_s is None else round(r.e2e_s, 6),
+                        "prompt_tokens": r.prompt_tokens,
+                        "output_tokens": r.output_tokens,
+                        "preemptions": r.preemptions,
+                        "error": r.error,
+                    },
+                    separators=(",", ":"),
+                )
+                + "\n"
+            )
+
+
+def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
+    from core.backends.factory import make_backend
+    from core.jobs import RunOptions, run_workload, summary_event
+
+    if args.job != "run":
+        raise ProfileError(f"--job {args.job}: not available in this version; use --job run")
+    backend = make_backend(args.backend, profile, seed=args.seed, url=args.url)  # type: ignore[arg-type]
+    options = RunOptions(seed=args.seed, requests=args.requests, duration_s=args.duration_s)
+
+    async def job() -> Any:
+        try:
+            return await run_workload(profile, backend, sink, options)
+        finally:
+            await backend.close()
+
+    result = asyncio.run(_run_cancellable(job))
+    final = summary_event(result)
+    log.info(
+        "%s: %d requests (%d failed) in %.2f s wall; p99 %.3f s, goodput %.2f req/s",
+        profile.name,
+        result.summary.requests,
+        result.summary.failed,
+        result.wall_s,
+        result.summary.p99_s,
+        result.summary.goodput_rps,
+    )
+    if args.out is not None:
+        _write_requests(args.out / "requests.jsonl", result.records)
+        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+        _write_factsheet(args, result)
+    sink(final)
+    if result.interrupted:
+        log.warning("interrupted: the summary covers the requests finished before Ctrl-C")
+        return EXIT_INTERRUPTED
+    if result.summary.requests > 0 and result.summary.completed == 0:
+        log.error("every request failed; see the error field in requests.jsonl (--out) for the cause")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def _write_factsheet(args: BatchArgs, result: Any) -> None:
+    try:
+        from core.factsheet import write_run_factsheet
+    except ImportError:  # the factsheet capability is optional until it lands
+        return
+    paths = write_run_factsheet(result, args.out, command_line=args.argv or [])
+    log.info("factsheet written: %s", ", ".join(str(p) for p in paths))
+
+
+def run_batch(args: BatchArgs, stdout: IO[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="slo-console: %(message)s", stream=sys.stderr)
+    stdout = stdout or sys.stdout
+    try:
+        profile = load_profile(args.profile)
+        args.out = _prepare_out(args.out)
+        sink = EventWriter(stdout, args.out)
+    except ProfileError as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+    try:
+        return _run_job(args, profile, sink)
+    except ProfileError as exc:
+        log.error("%s", exc)
+        return EXIT_USAGE
+    except BackendUnavailable as exc:
+        log.error("backend unavailable: %s", exc)
+        return EXIT_BACKEND
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return EXIT_INTERRUPTED
+    finally:
+        sink.close()

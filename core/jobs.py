@@ -1,0 +1,145 @@
+"""Jobs: the work a user asks for (run a workload, tune, calibrate), written once for batch and console.
+
+A job turns a profile and a backend into events on a sink and a result. The batch runner prints the
+events as JSON Lines; the console renders the same events in panels.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.backends.base import Backend, EngineSample, RunOutcome
+from core.events import EventSink, make_event
+from core.metrics import Summary, WindowedAggregator, summarize
+from core.profile import Profile
+from core.records import RequestRecord
+from core.workload import build_load_plan
+
+PROGRESS_EVERY_REQUESTS = 250  # a progress event per this many finished requests
+LIVE_WINDOW_S = 10.0  # the sliding window behind the live p99 / goodput in progress events
+
+
+@dataclass(slots=True)
+class RunOptions:
+    seed: int | None = None
+    requests: int | None = None
+    duration_s: float | None = None
+    progress_every: int = PROGRESS_EVERY_REQUESTS
+    engine_events: bool = True
+
+
+@dataclass(slots=True)
+class RunResult:
+    profile: Profile
+    backend: dict[str, Any]
+    summary: Summary
+    outcome: RunOutcome
+    seed: int
+    wall_s: float
+    interrupted: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        return self.outcome.records
+
+
+class _RunObserver:
+    """Turns records and engine samples into progress events with a sliding-window view."""
+
+    def __init__(self, profile: Profile, sink: EventSink, options: RunOptions) -> None:
+        self.sink = sink
+        self.options = options
+        self.window = WindowedAggregator(LIVE_WINDOW_S, profile.slo, profile.smooth_goodput)
+        self.finished = 0
+        self.failed = 0
+        self.last_time_s = 0.0
+
+    def on_record(self, record: RequestRecord) -> None:
+        self.window.add(record)
+        self.finished += 1
+        if not record.ok:
+            self.failed += 1
+        if record.end_s is not None:
+            self.last_time_s = max(self.last_time_s, record.end_s)
+        if self.finished % self.options.progress_every == 0:
+            self.emit_progress()
+
+    def emit_progress(self) -> None:
+        snap = self.window.snapshot(self.last_time_s).to_dict()
+        self.sink(
+            make_event(
+                "progress", t_s=self.last_time_s, finished=self.finished, failed=self.failed, window=snap
+            )
+        )
+
+    def on_engine_sample(self, sample: EngineSample) -> None:
+        if not self.options.engine_events:
+            return
+        self.sink(
+            make_event(
+                "engine",
+                t_s=sample.time_s,
+                running=sample.running,
+                waiting=sample.waiting,
+                kv_usage=sample.kv_usage,
+                preemptions_total=sample.preemptions_total,
+                generated_tokens_total=sample.generated_tokens_total,
+                spec_draft_tokens_total=sample.spec_draft_tokens_total,
+                spec_accepted_tokens_total=sample.spec_accepted_tokens_total,
+                power_w=sample.power_w,
+            )
+        )
+
+
+def summary_event(result: RunResult) -> dict[str, Any]:
+    """The final line of a batch run: every headline metric, byte-stable for a given profile and seed."""
+    return make_event(
+        "summary",
+        profile=result.profile.name,
+        backend=result.backend.get("backend"),
+        seed=result.seed,
+        interrupted=result.interrupted,
+        **result.summary.to_dict(),
+    )
+
+
+async def run_workload(
+    profile: Profile, backend: Backend, sink: EventSink, options: RunOptions | None = None
+) -> RunResult:
+    """Offer the profile's workload to the backend, stream events, and summarise what was measured."""
+    options = options or RunOptions()
+    seed = options.seed if options.seed is not None else profile.seed
+    plan = build_load_plan(profile, seed=seed, requests=options.requests, duration_s=options.duration_s)
+    description = backend.describe()
+    sink(
+        make_event(
+            "start",
+            job="run",
+            profile=profile.name,
+            seed=seed,
+            backend=description,
+            knobs=profile.knobs.model_dump(),
+            mode=plan.mode,
+            max_requests=plan.max_requests,
+            duration_s=plan.duration_s,
+        )
+    )
+    observer = _RunObserver(profile, sink, options)
+    wall_start = time.perf_counter()
+    outcome = await backend.run(plan, observer)
+    wall_s = time.perf_counter() - wall_start
+    if observer.finished % options.progress_every:
+        observer.emit_progress()
+    summary = summarize(outcome.records, slo=profile.slo, smooth=profile.smooth_goodput)
+    return RunResult(
+        profile=profile,
+        backend=description,
+        summary=summary,
+        outcome=outcome,
+        seed=seed,
+        wall_s=wall_s,
+        interrupted=outcome.interrupted,
+    )

@@ -1,0 +1,126 @@
+"""The headless batch runner: JSON Lines contract, exit codes, determinism, and no Textual import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SUMMARY_FIELDS = {
+    "p50_s",
+    "p95_s",
+    "p99_s",
+    "goodput_rps",
+    "slo_attainment",
+    "smooth_goodput",
+    "ttft_p99_s",
+    "tpot_p99_s",
+    "requests",
+    "failed",
+}
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "console", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def events(stdout: str) -> list[dict]:
+    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+
+def test_quickstart_prints_progress_then_a_summary_with_every_headline_field() -> None:
+    proc = run_cli("--batch", "--requests", "300")
+    assert proc.returncode == 0, proc.stderr
+    lines = events(proc.stdout)
+    assert lines[0]["event"] == "start"
+    assert any(e["event"] == "progress" for e in lines)
+    summary = lines[-1]
+    assert summary["event"] == "summary"
+    assert summary.keys() >= SUMMARY_FIELDS
+    assert summary["requests"] > 0 and summary["failed"] == 0
+    assert 0 < summary["p50_s"] <= summary["p95_s"] <= summary["p99_s"]
+
+
+def test_same_profile_and_seed_give_the_same_summary_byte_for_byte() -> None:
+    first = run_cli("--batch", "--requests", "400", "--seed", "11").stdout.splitlines()[-1]
+    second = run_cli("--batch", "--requests", "400", "--seed", "11").stdout.splitlines()[-1]
+    other = run_cli("--batch", "--requests", "400", "--seed", "12").stdout.splitlines()[-1]
+    assert first == second
+    assert first != other
+
+
+def test_unknown_profile_key_is_one_line_with_file_and_field_and_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "typo.yaml"
+    bad.write_text(
+        "name: typo\nworkload:\n  arrival: {kind: poisson, rate_rps: 2}\n  tasks:\n"
+        "    - name: t\n      prompt_tokens: {dist: fixed, value: 8}\n"
+        "      output_tokens: {dist: fixed, value: 8}\n      slo_e2e: 3\n"
+    )
+    proc = run_cli("--batch", "--profile", str(bad))
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    message = proc.stderr.strip().splitlines()
+    assert len(message) == 1
+    assert str(bad) in message[0] and "workload.tasks.0.slo_e2e" in message[0]
+
+
+def test_wrong_value_names_the_expectation(tmp_path: Path) -> None:
+    bad = tmp_path / "neg.yaml"
+    bad.write_text("name: neg\nworkload:\n  arrival: {kind: poisson, rate_rps: -3}\n  tasks: []\n")
+    proc = run_cli("--batch", "--profile", str(bad))
+    assert proc.returncode == 2
+    assert "rate_rps" in proc.stderr and "greater than 0" in proc.stderr
+
+
+def test_missing_profile_and_bad_arguments_exit_2() -> None:
+    assert run_cli("--batch", "--profile", "no-such-profile").returncode == 2
+    assert run_cli("--batch", "--requests", "0").returncode == 2
+
+
+def test_unreachable_server_exits_3() -> None:
+    proc = run_cli("--batch", "--backend", "url", "--url", "http://127.0.0.1:9", "--requests", "5")
+    assert proc.returncode == 3, proc.stderr
+    assert "backend unavailable" in proc.stderr
+
+
+def test_out_dir_keeps_events_requests_and_summary(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    proc = run_cli("--batch", "--requests", "200", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["event"] == "summary"
+    requests = (out / "requests.jsonl").read_text().splitlines()
+    assert len(requests) == 200
+    assert (out / "events.jsonl").read_text().splitlines()[-1] == proc.stdout.splitlines()[-1]
+
+
+def test_batch_path_never_imports_textual() -> None:
+    code = (
+        "import sys, io\n"
+        "from console.cli import main\n"
+        "rc = main(['--batch', '--requests', '50'])\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('textual', 'textual_plotext', 'plotext'))\n"
+        "assert rc == 0, rc\n"
+        "assert not bad, bad\n"
+        "assert 'console.app' not in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("module", ["core"])
+def test_core_never_imports_console_or_textual(module: str) -> None:
+    offenders = []
+    for path in (REPO / module).rglob("*.py"):
+        text = path.read_text()
+        for banned in ("import textual", "from textual", "from console", "import console"):
+            if banned in text:
+                offenders.append(f"{path.relative_to(REPO)}: {banned}")
+    assert not offenders
