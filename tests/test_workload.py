@@ -22,9 +22,7 @@ CHAT_TASK: dict[str, Any] = {
 }
 
 
-def make_profile(
-    arrival: dict[str, Any], tasks: list[dict[str, Any]] | None = None, **workload: Any
-) -> Profile:
+def make_profile(arrival: dict[str, Any], tasks: list[dict[str, Any]] | None = None, **workload: Any) -> Profile:
     return Profile.model_validate(
         {"name": "test", "workload": {"arrival": arrival, "tasks": tasks or [CHAT_TASK], **workload}}
     )
@@ -283,9 +281,7 @@ def test_duration_ends_open_loop_arrivals() -> None:
 
 
 def test_closed_loop_plan_is_lazy_and_open_ended() -> None:
-    profile = make_profile(
-        {"kind": "closed", "clients": 8, "think_time_s": 0.5}, duration_s=60.0, warmup_requests=3
-    )
+    profile = make_profile({"kind": "closed", "clients": 8, "think_time_s": 0.5}, duration_s=60.0, warmup_requests=3)
     plan = build_load_plan(profile)
     assert (plan.mode, plan.concurrency, plan.think_time_s) == ("closed", 8, 0.5)
     assert plan.max_requests is None and plan.duration_s == 60.0
@@ -303,8 +299,7 @@ def test_closed_loop_with_a_request_count_stops_there() -> None:
 
 def test_one_hundred_thousand_specs_generate_quickly() -> None:
     tasks = [
-        {**CHAT_TASK, "name": f"t{i}", "prompt_tokens": {"dist": "lognormal", "mean": 100 * (i + 1)}}
-        for i in range(4)
+        {**CHAT_TASK, "name": f"t{i}", "prompt_tokens": {"dist": "lognormal", "mean": 100 * (i + 1)}} for i in range(4)
     ]
     profile = make_profile({"kind": "gamma", "rate_rps": 30, "burstiness": 0.5}, tasks)
     started = time.perf_counter()

@@ -127,9 +127,7 @@ def make_arrival_process(arrival: Arrival, rng: np.random.Generator) -> ArrivalP
         return GammaProcess(arrival.rate_rps, arrival.burstiness, rng)
     if isinstance(arrival, OnOffArrival):
         return OnOffProcess(arrival.rate_rps, arrival.on_s, arrival.off_s, rng)
-    raise TypeError(
-        f"{type(arrival).__name__} has no open-loop arrival times (closed loop sends on completion)"
-    )
+    raise TypeError(f"{type(arrival).__name__} has no open-loop arrival times (closed loop sends on completion)")
 
 
 def mean_rate_rps(arrival: Arrival) -> float | None:

@@ -51,9 +51,7 @@ class LognormalSampler:
 
     def __init__(self, model: LognormalLength) -> None:
         if model.min > model.max:
-            raise LengthModelError(
-                f"min ({model.min}) is above max ({model.max}); swap them or widen the range"
-            )
+            raise LengthModelError(f"min ({model.min}) is above max ({model.max}); swap them or widen the range")
         self._mu = math.log(model.mean) - model.sigma**2 / 2
         self._sigma = model.sigma
         self._mean = model.mean

@@ -114,10 +114,7 @@ def _synthetic_specs(
     next_id = 0
     while limit is None or next_id < limit:
         n = BLOCK_SIZE if limit is None else min(BLOCK_SIZE, limit - next_id)
-        if len(tasks) == 1:
-            task_index = np.zeros(n, dtype=np.intp)
-        else:
-            task_index = task_rng.choice(len(tasks), size=n, p=shares)
+        task_index = np.zeros(n, dtype=np.intp) if len(tasks) == 1 else task_rng.choice(len(tasks), size=n, p=shares)
         prompts = np.empty(n, dtype=np.int64)
         outputs = np.empty(n, dtype=np.int64)
         for k, task in enumerate(tasks):
@@ -208,9 +205,7 @@ def build_load_plan(
 
     if workload.trace is not None:
         trace = load_trace(workload.trace, resolve_relative(profile, workload.trace.path))
-        specs = _trace_specs(
-            profile, trace, tasks, limit, window_s, workload.warmup_requests, workload.warmup_s
-        )
+        specs = _trace_specs(profile, trace, tasks, limit, window_s, workload.warmup_requests, workload.warmup_s)
         return LoadPlan(
             requests=specs,
             mode="open",
@@ -237,9 +232,7 @@ def build_load_plan(
             warmup_requests=workload.warmup_requests,
         )
     process = make_arrival_process(arrival, arrival_rng)
-    specs = _synthetic_specs(
-        tasks, process, mix_rng, limit, window_s, workload.warmup_requests, workload.warmup_s
-    )
+    specs = _synthetic_specs(tasks, process, mix_rng, limit, window_s, workload.warmup_requests, workload.warmup_s)
     return LoadPlan(
         requests=specs,
         mode="open",

@@ -153,9 +153,7 @@ def _number(value: Any, key: str, where: str) -> float:
     try:
         number = float(value)
     except (TypeError, ValueError):
-        raise ProfileError(
-            f"{where}: '{key}' must be a number (got {value!r}); fix or delete this row"
-        ) from None
+        raise ProfileError(f"{where}: '{key}' must be a number (got {value!r}); fix or delete this row") from None
     if not math.isfinite(number):
         raise ProfileError(f"{where}: '{key}' must be finite (got {value!r}); fix or delete this row")
     return number
@@ -194,9 +192,7 @@ def _json_lines_rows(path: Path, text: str) -> Iterator[tuple[Mapping[str, Any],
         try:
             raw = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ProfileError(
-                f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object"
-            ) from None
+            raise ProfileError(f"{where}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
         if not isinstance(raw, dict):
             raise ProfileError(f"{where}: expected a JSON object per line, got {type(raw).__name__}")
         yield raw, where
@@ -228,16 +224,12 @@ def load_trace(spec: TraceSpec, path: Path) -> TraceTable:
     try:
         text = path.read_text()
     except OSError as exc:
-        raise ProfileError(
-            f"{path}: cannot read the trace ({exc.strerror}); check workload.trace.path"
-        ) from exc
+        raise ProfileError(f"{path}: cannot read the trace ({exc.strerror}); check workload.trace.path") from exc
     row_source = {"csv": _csv_rows, "jsonl": _json_lines_rows, "adaserve": _adaserve_rows}[spec.format]
     reader = _RowReader(spec, path)
     rows = [reader.read(raw, where) for raw, where in row_source(path, text)]
     if not rows:
-        raise ProfileError(
-            f"{path}: the trace has no requests; add rows or point workload.trace.path elsewhere"
-        )
+        raise ProfileError(f"{path}: the trace has no requests; add rows or point workload.trace.path elsewhere")
     arrival = np.fromiter((row.arrival_s for row in rows), dtype=float, count=len(rows))
     # A stable sort keeps the file's order among requests sent at the same instant.
     order = np.argsort(arrival, kind="stable")
