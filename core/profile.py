@@ -235,8 +235,8 @@ class SustainabilitySpec(Strict):
     # to apportion. A typical data centre is ~1.58 (Uptime Institute Global Data Center Survey 2023).
     pue: Annotated[float, Field(ge=1.0)] = 1.0
     pue_source: str = (
-        "slo-console default for a workstation (no facility overhead); "
-        "data-centre average 1.58 per Uptime Institute survey 2023"
+        "slo-console default for a workstation, no facility overhead; "
+        "the data-centre average is 1.58 per the Uptime Institute Global Data Center Survey 2023"
     )
     pue_year: int = 2023
 

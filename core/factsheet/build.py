@@ -1,0 +1,527 @@
+"""Build a `Factsheet` from a run's results: one function for batch runs, tuning runs and console sessions.
+
+Inputs the run does not have are reported as unknown (null), never guessed; energy figures inherit the
+basis of the reading they come from.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from core.energy.reading import EnergyReading
+from core.factsheet.host import detect_host, git_revision, slo_console_version
+from core.factsheet.model import (
+    CarbonInputs,
+    ConfigurationSection,
+    EnergyMeterInfo,
+    Factsheet,
+    Figure,
+    HostInfo,
+    LatencyStats,
+    PerformanceSection,
+    Provenance,
+    Scalar,
+    SLOTargets,
+    SmoothGoodput,
+    SustainabilitySection,
+    SystemSection,
+    TaskInfo,
+    TaskPerformance,
+    TuningPoint,
+    TuningSection,
+    WorkloadSection,
+)
+from core.profile import KnobsSpec, Profile, SLOSpec, profile_hash, profile_source
+
+SIMULATOR_BACKENDS = {"sim", "simulator"}
+# Below this many completed requests a p99 rests on the slowest one or two of them.
+FEW_REQUESTS_FOR_P99 = 100
+# Energy and metrics windows differing by more than this share get a caveat: per-token figures mix them.
+WINDOW_MISMATCH_SHARE = 0.1
+
+SLO_DEFINITIONS = {
+    "e2e_s": "end-to-end latency: time of the last token minus the time the request was sent",
+    "ttft_s": "time to first token: time of the first token minus the time the request was sent",
+    "tpot_s": "time per output token after the first: (e2e - TTFT) / (output tokens - 1), for > 1 token",
+    "percentiles": "over completed requests only; failed requests are counted separately by cause",
+    "goodput_rps": "requests per second over the window whose e2e latency met the e2e SLO (SLO-Tuner eq. 1)",
+    "slo_attainment": (
+        "share of all requests submitted in the window, failures included, that met every SLO that "
+        "applies to them (per task where tasks set their own SLOs)"
+    ),
+    "token_goodput_tps": "output tokens per second of the requests that met their SLOs",
+    "smooth_goodput": (
+        "benefit tokens per second: token i of a request is due at send + ttft_allow + (i - 1) / V; "
+        "benefit = tokens - alpha * f(user idle latency), summed and divided by the window (paper 003)"
+    ),
+}
+
+FORMULAS = {
+    "avg_power_w": "energy_j / energy window_s",
+    "wh_per_1k_output_tokens": "energy_j / 3600 / (output_tokens / 1000)",
+    "j_per_request": "energy_j / completed requests",
+    "gco2e_per_1k_output_tokens": (
+        "wh_per_1k_output_tokens / 1000 * grid_intensity_gco2e_per_kwh * pue  (operational only, no embodied)"
+    ),
+}
+
+
+class SupportsToDict(Protocol):
+    """core.metrics.Summary and anything else that turns itself into the summary dict."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass
+class FactsheetInputs:
+    """Everything a factsheet is built from.
+
+    summary: a core.metrics Summary, or its dict (requests, completed, failed, failed_by_status, window_s, p50_s,
+      p95_s, p99_s, mean_s, ttft_*_s, tpot_*_s, goodput_rps, slo_attainment, token_goodput_tps,
+      smooth_goodput(+_alpha, _reading_speed_tps, _ttft_allow_s, _penalty), output_tps, output_tokens,
+      capacity_rps, capacity_attainment_target, per_task); any key may be missing and then reads unknown.
+    backend_description: Backend.describe().
+    tuning: None when no tuner ran, else a dict with any of: tuner, objective, baseline, tuned (or best),
+      trajectory (list), segments, wall_time_s; points are dicts with knobs, goodput_rps, p99_s,
+      slo_attainment, score.
+    host / git_revision / generated_at: detected or taken now when None; pass them to pin a factsheet
+      (tests, or re-rendering an old run).
+    """
+
+    profile: Profile
+    summary: Mapping[str, Any] | SupportsToDict
+    backend_description: Mapping[str, Any]
+    knobs: KnobsSpec
+    energy: EnergyReading | None
+    tuning: Mapping[str, Any] | None
+    command_line: Sequence[str]
+    seed: int
+    started_at: datetime
+    scheduling_mode: str = "fcfs"
+    host: HostInfo | None = None
+    git_revision: str | None = None
+    generated_at: datetime | None = None
+
+
+# ---------------------------------------------------------------- small readers
+
+
+def _number(value: Any) -> float | None:
+    """A finite float, or None for missing, non-numeric, NaN or infinite values (unknown, not zero)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        value = value.item()
+    if not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _count(value: Any) -> int | None:
+    number = _number(value)
+    return None if number is None else round(number)
+
+
+def _scalar(value: Any) -> Scalar:
+    if isinstance(value, str | bool) or value is None:
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return _number(value)
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, str | bool | int | float) or hasattr(value, "item")
+
+
+def _slo(spec: SLOSpec | None) -> SLOTargets:
+    if spec is None:
+        return SLOTargets()
+    return SLOTargets(e2e_s=spec.e2e_s, ttft_s=spec.ttft_s, tpot_s=spec.tpot_s)
+
+
+def _is_simulator(description: Mapping[str, Any]) -> bool:
+    names = {str(description.get("backend", "")).lower(), str(description.get("engine", "")).lower()}
+    return bool(names & SIMULATOR_BACKENDS)
+
+
+# ---------------------------------------------------------------- sections
+
+
+def _system(description: Mapping[str, Any], host: HostInfo) -> SystemSection:
+    simulator = _is_simulator(description)
+    engine = "simulator" if simulator else str(description.get("engine") or description.get("backend") or "unknown")
+    version = description.get("version")
+    software = dict(host.software)
+    if not simulator and version is not None:
+        software[engine] = str(version)
+    host = host.model_copy(update={"software": dict(sorted(software.items()))})
+    calibration = description.get("calibration")
+    hardware = description.get("hardware")
+    return SystemSection(
+        model=None if description.get("model") is None else str(description["model"]),
+        engine=engine,
+        engine_version=None if version is None else str(version),
+        backend=str(description.get("backend") or engine),
+        calibration=str(calibration) if simulator and calibration is not None else None,
+        modelled_hardware=str(hardware) if simulator and hardware is not None else None,
+        host=host,
+        backend_facts={str(key): _scalar(value) for key, value in sorted(description.items()) if _is_scalar(value)},
+    )
+
+
+def _workload(profile: Profile) -> WorkloadSection:
+    workload = profile.workload
+    total_weight = sum(task.weight for task in workload.tasks) or 1.0
+    tasks = [
+        TaskInfo(
+            name=task.name,
+            weight=task.weight,
+            share=task.weight / total_weight,
+            prompt_tokens=task.prompt_tokens.model_dump(mode="json"),
+            output_tokens=task.output_tokens.model_dump(mode="json"),
+            slo=_slo(task.slo or profile.slo),
+        )
+        for task in workload.tasks
+    ]
+    return WorkloadSection(
+        profile=profile.name,
+        description=profile.description,
+        source="arrival" if workload.arrival is not None else "trace",
+        arrival=None if workload.arrival is None else workload.arrival.model_dump(mode="json"),
+        trace=None if workload.trace is None else workload.trace.model_dump(mode="json"),
+        tasks=tasks,
+        requests=workload.requests,
+        duration_s=workload.duration_s,
+        warmup_requests=workload.warmup_requests,
+        warmup_s=workload.warmup_s,
+        slo=_slo(profile.slo),
+        slo_definitions=SLO_DEFINITIONS,
+    )
+
+
+# Smooth goodput's parameters appear as smooth_<name> (core.metrics.Summary) or smooth_goodput_<name>.
+_SMOOTH_PARAMETERS = ("alpha", "reading_speed_tps", "ttft_allow_s", "penalty")
+_LATENCY_KEYS = {
+    f"{prefix}{stat}_s" for prefix in ("", "ttft_", "tpot_", "itl_") for stat in ("p50", "p90", "p95", "p99", "mean")
+}
+_PERFORMANCE_KEYS = _LATENCY_KEYS | {
+    "requests", "completed", "failed", "failed_by_status", "window_s",
+    "goodput_rps", "slo_attainment", "token_goodput_tps", "throughput_rps", "output_tps", "output_tokens",
+    "smooth_goodput", "capacity_rps", "capacity_attainment_target", "per_task",
+    *(f"smooth_{name}" for name in _SMOOTH_PARAMETERS),
+    *(f"smooth_goodput_{name}" for name in _SMOOTH_PARAMETERS),
+}  # fmt: skip
+
+
+def _smooth_parameter(summary: Mapping[str, Any], name: str) -> Any:
+    value = summary.get(f"smooth_{name}")
+    return summary.get(f"smooth_goodput_{name}") if value is None else value
+
+
+def _latency(summary: Mapping[str, Any], prefix: str) -> LatencyStats:
+    return LatencyStats(
+        p50_s=_number(summary.get(f"{prefix}p50_s")),
+        p90_s=_number(summary.get(f"{prefix}p90_s")),
+        p95_s=_number(summary.get(f"{prefix}p95_s")),
+        p99_s=_number(summary.get(f"{prefix}p99_s")),
+        mean_s=_number(summary.get(f"{prefix}mean_s")),
+    )
+
+
+def _performance(summary: Mapping[str, Any], profile: Profile, simulated: bool) -> PerformanceSection:
+    failed_by_status = summary.get("failed_by_status") or {}
+    per_task_raw = summary.get("per_task") or {}
+    per_task = {
+        str(task): TaskPerformance(
+            requests=_count(stats.get("requests")),
+            completed=_count(stats.get("completed")),
+            failed=_count(stats.get("failed")),
+            p50_s=_number(stats.get("p50_s")),
+            p99_s=_number(stats.get("p99_s")),
+            slo_attainment=_number(stats.get("slo_attainment")),
+            goodput_rps=_number(stats.get("goodput_rps")),
+            token_goodput_tps=_number(stats.get("token_goodput_tps")),
+            smooth_goodput=_number(stats.get("smooth_goodput")),
+        )
+        for task, stats in sorted(per_task_raw.items())
+        if isinstance(stats, Mapping)
+    }
+    configured = profile.smooth_goodput
+    penalty = _smooth_parameter(summary, "penalty") or configured.penalty
+    alpha = _number(_smooth_parameter(summary, "alpha"))
+    speed = _number(_smooth_parameter(summary, "reading_speed_tps"))
+    allow = _number(_smooth_parameter(summary, "ttft_allow_s"))
+    return PerformanceSection(
+        basis="simulated" if simulated else "measured",
+        window_s=_number(summary.get("window_s")),
+        requests=_count(summary.get("requests")),
+        completed=_count(summary.get("completed")),
+        failed=_count(summary.get("failed")),
+        failed_by_status={
+            str(status): int(count) for status, count in sorted(failed_by_status.items()) if _count(count) is not None
+        },
+        e2e=_latency(summary, ""),
+        ttft=_latency(summary, "ttft_"),
+        tpot=_latency(summary, "tpot_"),
+        itl=_latency(summary, "itl_"),
+        goodput_rps=_number(summary.get("goodput_rps")),
+        slo_attainment=_number(summary.get("slo_attainment")),
+        token_goodput_tps=_number(summary.get("token_goodput_tps")),
+        throughput_rps=_number(summary.get("throughput_rps")),
+        output_tps=_number(summary.get("output_tps")),
+        output_tokens=_count(summary.get("output_tokens")),
+        smooth_goodput=SmoothGoodput(
+            value=_number(summary.get("smooth_goodput")),
+            # The metric's parameters: as the summary reports them, else as the profile configures them.
+            alpha=configured.alpha if alpha is None else alpha,
+            reading_speed_tps=configured.reading_speed_tps if speed is None else speed,
+            ttft_allow_s=configured.ttft_allow_s if allow is None else allow,
+            penalty=None if penalty is None else str(penalty),
+        ),
+        capacity_rps=_number(summary.get("capacity_rps")),
+        capacity_attainment_target=_number(summary.get("capacity_attainment_target")),
+        per_task=per_task,
+        other_metrics={
+            str(key): _scalar(value)
+            for key, value in sorted(summary.items())
+            if key not in _PERFORMANCE_KEYS and _is_scalar(value)
+        },
+    )
+
+
+def _tuning_point(raw: Any) -> TuningPoint | None:
+    if not isinstance(raw, Mapping):
+        return None
+    knobs = raw.get("knobs") or {}
+    return TuningPoint(
+        knobs={str(k): _scalar(v) for k, v in knobs.items() if _is_scalar(v)} if isinstance(knobs, Mapping) else {},
+        goodput_rps=_number(raw.get("goodput_rps")),
+        p99_s=_number(raw.get("p99_s")),
+        slo_attainment=_number(raw.get("slo_attainment")),
+        score=_number(raw.get("score")),
+    )
+
+
+def _tuning(tuning: Mapping[str, Any] | None) -> TuningSection | None:
+    if tuning is None:
+        return None
+    trajectory_raw = tuning.get("trajectory") or []
+    trajectory = [point for point in map(_tuning_point, trajectory_raw) if point is not None]
+    segments = _count(tuning.get("segments"))
+    return TuningSection(
+        tuner=None if tuning.get("tuner") is None else str(tuning["tuner"]),
+        objective=None if tuning.get("objective") is None else str(tuning["objective"]),
+        baseline=_tuning_point(tuning.get("baseline")),
+        tuned=_tuning_point(tuning.get("tuned", tuning.get("best"))),
+        segments=segments if segments is not None else (len(trajectory) or None),
+        wall_time_s=_number(tuning.get("wall_time_s")),
+        trajectory=trajectory,
+    )
+
+
+def _figure_unavailable(unit: str, source: str, reason: str) -> Figure:
+    return Figure(value=None, unit=unit, basis="unavailable", source=source, reason=reason)
+
+
+def _sustainability(
+    energy: EnergyReading | None, performance: PerformanceSection, profile: Profile
+) -> SustainabilitySection:
+    spec = profile.sustainability
+    carbon = CarbonInputs(
+        grid_intensity_gco2e_per_kwh=spec.grid_intensity_gco2e_per_kwh,
+        grid_intensity_source=spec.grid_intensity_source,
+        grid_intensity_year=spec.grid_intensity_year,
+        grid_region=spec.grid_region,
+        pue=spec.pue,
+        pue_source=spec.pue_source,
+        pue_year=spec.pue_year,
+    )
+    carbon_source = (
+        f"{FORMULAS['gco2e_per_1k_output_tokens']} with intensity "
+        f"{spec.grid_intensity_gco2e_per_kwh:g} gCO2e/kWh ({spec.grid_intensity_year}) and PUE {spec.pue:g}"
+    )
+    if energy is None:
+        reason = "no energy meter ran for this run"
+        meter = None
+        energy_figure = _figure_unavailable("J", "none", reason)
+        power_figure = _figure_unavailable("W", "none", reason)
+    else:
+        meter = EnergyMeterInfo(
+            basis=energy.basis,
+            method=energy.method,
+            device=energy.device,
+            window_s=energy.window_s,
+            reason=energy.reason,
+            note=energy.note,
+        )
+        source = energy.method if energy.device is None else f"{energy.method}; {energy.device}"
+        if energy.available:
+            energy_figure = Figure(value=energy.joules, unit="J", basis=energy.basis, source=source)
+            power_figure = Figure(
+                value=energy.avg_power_w,
+                unit="W",
+                basis=energy.basis,
+                source=f"{FORMULAS['avg_power_w']} ({energy.window_s:.6g} s)",
+            )
+            reason = ""
+        else:
+            reason = energy.reason or "energy unavailable"
+            energy_figure = _figure_unavailable("J", source, reason)
+            power_figure = _figure_unavailable("W", source, reason)
+
+    output_tokens = performance.output_tokens
+    completed = performance.completed
+    if energy_figure.value is None:
+        per_token = _figure_unavailable("Wh", FORMULAS["wh_per_1k_output_tokens"], f"energy unavailable: {reason}")
+        per_request = _figure_unavailable("J", FORMULAS["j_per_request"], f"energy unavailable: {reason}")
+    else:
+        joules = energy_figure.value
+        basis = energy_figure.basis
+        if output_tokens:
+            per_token = Figure(
+                value=joules / 3600 / (output_tokens / 1000),
+                unit="Wh",
+                basis=basis,
+                source=f"{FORMULAS['wh_per_1k_output_tokens']} with {output_tokens} output tokens",
+            )
+        else:
+            per_token = _figure_unavailable(
+                "Wh", FORMULAS["wh_per_1k_output_tokens"], "no output tokens counted in the window"
+            )
+        if completed:
+            per_request = Figure(
+                value=joules / completed,
+                unit="J",
+                basis=basis,
+                source=f"{FORMULAS['j_per_request']} with {completed} completed requests",
+            )
+        else:
+            per_request = _figure_unavailable("J", FORMULAS["j_per_request"], "no completed requests")
+
+    if per_token.value is None:
+        carbon_figure = _figure_unavailable("gCO2e", carbon_source, per_token.reason or "unavailable")
+    else:
+        # Measured energy times assumed factors is an estimate; modelled energy keeps its "modelled" label.
+        carbon_basis = "estimated" if per_token.basis == "measured" else per_token.basis
+        carbon_figure = Figure(
+            value=per_token.value / 1000 * spec.grid_intensity_gco2e_per_kwh * spec.pue,
+            unit="gCO2e",
+            basis=carbon_basis,
+            source=carbon_source,
+        )
+    return SustainabilitySection(
+        meter=meter,
+        energy_j=energy_figure,
+        avg_power_w=power_figure,
+        wh_per_1k_output_tokens=per_token,
+        j_per_request=per_request,
+        gco2e_per_1k_output_tokens=carbon_figure,
+        carbon_inputs=carbon,
+        formulas=FORMULAS,
+    )
+
+
+def _caveats(
+    system: SystemSection,
+    performance: PerformanceSection,
+    sustainability: SustainabilitySection,
+    energy: EnergyReading | None,
+    profile: Profile,
+) -> list[str]:
+    caveats: list[str] = []
+    if performance.basis == "simulated":
+        caveats.append(
+            f"Latency, goodput and attainment come from the discrete-event simulator (calibration "
+            f"{system.calibration or 'unknown'}, modelling {system.modelled_hardware or 'unknown hardware'}),"
+            " "
+            "not from a live server; they show trends, not guarantees for any deployment."
+        )
+    caveats.append(
+        "Percentiles are over completed requests only; failed requests are counted separately and count "
+        "against SLO attainment."
+    )
+    if performance.completed is not None and performance.completed < FEW_REQUESTS_FOR_P99:
+        caveats.append(
+            f"Only {performance.completed} requests completed: the p99 rests on the slowest one or two of "
+            "them and will move between runs."
+        )
+    if energy is None or not energy.available:
+        caveats.append(
+            "Energy is unavailable for this run (see the reason in Sustainability), so no energy or carbon "
+            "figure is given; that means unknown, not zero."
+        )
+    elif energy.basis == "modelled":
+        caveats.append(
+            f"Energy is modelled, not measured: {energy.method}. It ignores clocks, memory power and "
+            "temperature, and covers the modelled accelerator only."
+        )
+    else:
+        caveats.append(
+            "Energy comes from software counters on the device (NVML or RAPL), not from a power analyser "
+            "at the wall: it is not comparable with MLPerf Power results, excludes the rest of the system "
+            "unless stated, and includes any other work on the same device. Idle power is not subtracted."
+        )
+        if energy.note:
+            caveats.append(f"Energy window: {energy.note}.")
+    if energy is not None and energy.available and performance.window_s:
+        mismatch = abs(energy.window_s - performance.window_s) / performance.window_s
+        if mismatch > WINDOW_MISMATCH_SHARE:
+            caveats.append(
+                f"The energy window ({energy.window_s:.4g} s) differs from the metrics window "
+                f"({performance.window_s:.4g} s) by {mismatch:.0%}; per-token and per-request energy "
+                "mix the two."
+            )
+    spec = profile.sustainability
+    caveats.append(
+        f"Carbon is operational and location-based: energy x {spec.grid_region} grid average "
+        f"{spec.grid_intensity_gco2e_per_kwh:g} gCO2e/kWh ({spec.grid_intensity_year}) x PUE {spec.pue:g}. "
+        "It is not the operator's actual grid mix or contract (market-based), and excludes embodied "
+        "emissions of the hardware."
+    )
+    if spec.pue == 1.0:
+        caveats.append("PUE 1.0 assumes no cooling or facility overhead (a workstation, not a data centre).")
+    return caveats
+
+
+def build_factsheet(inputs: FactsheetInputs) -> Factsheet:
+    profile = inputs.profile
+    host = inputs.host if inputs.host is not None else detect_host()
+    system = _system(inputs.backend_description, host)
+    simulated = _is_simulator(inputs.backend_description)
+    summary = inputs.summary if isinstance(inputs.summary, Mapping) else inputs.summary.to_dict()
+    performance = _performance(summary, profile, simulated)
+    sustainability = _sustainability(inputs.energy, performance, profile)
+    source_path = profile_source(profile)
+    generated_at = inputs.generated_at or datetime.now(UTC)
+    title = f"{profile.name}: {system.model or 'unknown model'} on {system.engine}"
+    return Factsheet(
+        title=title,
+        system=system,
+        configuration=ConfigurationSection(
+            backend=system.backend,
+            scheduling_mode=inputs.scheduling_mode,
+            knobs=inputs.knobs.model_dump(mode="json"),
+        ),
+        workload=_workload(profile),
+        performance=performance,
+        tuning=_tuning(inputs.tuning),
+        sustainability=sustainability,
+        provenance=Provenance(
+            generated_at=generated_at,
+            run_started_at=inputs.started_at,
+            slo_console_version=slo_console_version(),
+            git_revision=inputs.git_revision if inputs.git_revision is not None else git_revision(),
+            command_line=list(inputs.command_line),
+            seed=inputs.seed,
+            profile_name=profile.name,
+            profile_hash=profile_hash(profile),
+            profile_path=None if source_path is None else str(source_path),
+        ),
+        caveats=_caveats(system, performance, sustainability, inputs.energy, profile),
+    )

@@ -1,0 +1,274 @@
+"""The factsheet schema: a versioned, typed record of one run's performance and sustainability.
+
+Paper 000 sec. IV argues that factsheets for trusted AI should carry the serving system's performance,
+tail-latency SLO compliance and sustainability; this model is that record. JSON is canonical (published as
+JSON Schema in schema/factsheet.schema.json); Markdown is rendered from it. Field names carry their units.
+
+Honesty rules the schema encodes: every energy-derived figure has a basis; a value that is not known is
+null (never 0); performance says whether it was measured on a live server or simulated.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = "1.0"
+
+FigureBasis = Literal["measured", "modelled", "estimated", "unavailable"]
+# Scalars that may appear in free-form maps (knobs, software versions, extra metrics).
+Scalar = str | int | float | bool | None
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# ---------------------------------------------------------------- system
+
+
+class GpuInfo(Section):
+    index: int
+    name: str
+    memory_total_mib: int | None = None
+
+
+class HostInfo(Section):
+    """The machine the run executed on (for a simulator run: where it ran, not the modelled GPU)."""
+
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    gpu_count: int = 0
+    gpu_driver_version: str | None = None
+    gpu_source: str = Field(description="'NVML' when read from the driver, else why no GPU facts are given")
+    cpu_model: str | None = None
+    cpu_logical_cores: int | None = None
+    memory_total_gib: float | None = None
+    operating_system: str | None = None
+    software: dict[str, str] = Field(
+        default_factory=dict, description="Versions of the software that ran the benchmark"
+    )
+
+
+class SystemSection(Section):
+    model: str | None = Field(description="Model served (or modelled by the simulator's calibration)")
+    engine: str = Field(description="'vllm', or 'simulator' for the discrete-event simulator")
+    engine_version: str | None = None
+    backend: str
+    calibration: str | None = Field(
+        default=None, description="The simulator's calibration profile (simulator runs only)"
+    )
+    modelled_hardware: str | None = Field(
+        default=None, description="Hardware the calibration models (simulator runs only)"
+    )
+    host: HostInfo
+    backend_facts: dict[str, Scalar] = Field(
+        default_factory=dict, description="Everything Backend.describe() reported, verbatim"
+    )
+
+
+# ---------------------------------------------------------------- configuration
+
+
+class ConfigurationSection(Section):
+    backend: str
+    scheduling_mode: str
+    knobs: dict[str, Scalar]
+
+
+# ---------------------------------------------------------------- workload
+
+
+class SLOTargets(Section):
+    e2e_s: float | None = None
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+class TaskInfo(Section):
+    name: str
+    weight: float
+    share: float = Field(description="weight / sum of weights: the expected share of requests")
+    prompt_tokens: dict[str, Any]
+    output_tokens: dict[str, Any]
+    slo: SLOTargets
+
+
+class WorkloadSection(Section):
+    profile: str
+    description: str
+    source: Literal["arrival", "trace"]
+    arrival: dict[str, Any] | None = Field(description="Arrival process and its parameters (rate_rps, ...)")
+    trace: dict[str, Any] | None = None
+    tasks: list[TaskInfo]
+    requests: int
+    duration_s: float | None
+    warmup_requests: int
+    warmup_s: float
+    slo: SLOTargets = Field(description="The profile's default SLOs (tasks may override)")
+    slo_definitions: dict[str, str]
+
+
+# ---------------------------------------------------------------- performance
+
+
+class LatencyStats(Section):
+    p50_s: float | None = None
+    p90_s: float | None = None
+    p95_s: float | None = None
+    p99_s: float | None = None
+    mean_s: float | None = None
+
+
+class SmoothGoodput(Section):
+    """Paper 003: token i due at a + ttft_allow + (i-1)/V; benefit = n - alpha * f(idle latency)."""
+
+    value: float | None = Field(description="benefit tokens per second")
+    alpha: float | None
+    reading_speed_tps: float | None = Field(description="V, the reader's speed")
+    ttft_allow_s: float | None
+    penalty: str | None = Field(description="f, the penalty on user idle latency")
+
+
+class TaskPerformance(Section):
+    requests: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    p50_s: float | None = None
+    p99_s: float | None = None
+    slo_attainment: float | None = None
+    goodput_rps: float | None = None
+    token_goodput_tps: float | None = None
+    smooth_goodput: float | None = None
+
+
+class PerformanceSection(Section):
+    basis: Literal["measured", "simulated"] = Field(
+        description="'measured' on a live server (wall clock); 'simulated' by the discrete-event simulator"
+    )
+    window_s: float | None
+    requests: int | None
+    completed: int | None
+    failed: int | None
+    failed_by_status: dict[str, int]
+    e2e: LatencyStats
+    ttft: LatencyStats
+    tpot: LatencyStats
+    itl: LatencyStats = Field(description="Inter-token latency: gaps between streamed chunks")
+    goodput_rps: float | None
+    slo_attainment: float | None = Field(description="share 0..1 of all submitted requests, failures included")
+    token_goodput_tps: float | None
+    throughput_rps: float | None = Field(description="completed requests per second")
+    output_tps: float | None
+    output_tokens: int | None
+    smooth_goodput: SmoothGoodput
+    capacity_rps: float | None = Field(
+        default=None,
+        description="Highest rate with attainment >= capacity_attainment_target; null if not run",
+    )
+    capacity_attainment_target: float | None = None
+    per_task: dict[str, TaskPerformance]
+    other_metrics: dict[str, Scalar] = Field(
+        default_factory=dict, description="Summary figures this schema version has no field for, verbatim"
+    )
+
+
+# ---------------------------------------------------------------- tuning
+
+
+class TuningPoint(Section):
+    knobs: dict[str, Scalar] = Field(default_factory=dict)
+    goodput_rps: float | None = None
+    p99_s: float | None = None
+    slo_attainment: float | None = None
+    score: float | None = None
+
+
+class TuningSection(Section):
+    tuner: str | None
+    objective: str | None
+    baseline: TuningPoint | None
+    tuned: TuningPoint | None
+    segments: int | None = Field(description="Measurement segments the tuner ran")
+    wall_time_s: float | None
+    trajectory: list[TuningPoint] = Field(description="Each segment's configuration and result, in order")
+
+
+# ---------------------------------------------------------------- sustainability
+
+
+class Figure(Section):
+    value: float | None
+    unit: str
+    basis: FigureBasis = Field(
+        description=(
+            "measured: from a hardware energy counter or sampled power; modelled: from the simulator's "
+            "power model; estimated: measured energy combined with assumed factors (grid intensity, PUE); "
+            "unavailable: not known (see reason)"
+        )
+    )
+    source: str
+    reason: str | None = None
+
+
+class EnergyMeterInfo(Section):
+    basis: Literal["measured", "modelled", "unavailable"]
+    method: str
+    device: str | None
+    window_s: float
+    reason: str | None
+    note: str | None
+
+
+class CarbonInputs(Section):
+    grid_intensity_gco2e_per_kwh: float
+    grid_intensity_source: str
+    grid_intensity_year: int
+    grid_region: str
+    accounting: Literal["location-based"] = "location-based"
+    pue: float
+    pue_source: str
+    pue_year: int
+
+
+class SustainabilitySection(Section):
+    meter: EnergyMeterInfo | None = Field(description="The energy reading; null when no meter ran")
+    energy_j: Figure
+    avg_power_w: Figure
+    wh_per_1k_output_tokens: Figure
+    j_per_request: Figure = Field(description="Energy per completed request")
+    gco2e_per_1k_output_tokens: Figure
+    carbon_inputs: CarbonInputs
+    formulas: dict[str, str]
+
+
+# ---------------------------------------------------------------- provenance and top level
+
+
+class Provenance(Section):
+    generated_at: datetime
+    run_started_at: datetime
+    slo_console_version: str
+    git_revision: str
+    command_line: list[str]
+    seed: int
+    profile_name: str
+    profile_hash: str
+    profile_path: str | None
+
+
+class Factsheet(Section):
+    schema_name: Literal["slo-console-factsheet"] = Field(default="slo-console-factsheet", alias="schema")
+    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    title: str
+    system: SystemSection
+    configuration: ConfigurationSection
+    workload: WorkloadSection
+    performance: PerformanceSection
+    tuning: TuningSection | None
+    sustainability: SustainabilitySection
+    provenance: Provenance
+    caveats: list[str]
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)

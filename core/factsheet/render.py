@@ -1,0 +1,414 @@
+"""Render a factsheet: JSON (canonical, stable bytes) and Markdown (a page for people), and write both."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from core.factsheet.model import Factsheet, Figure, LatencyStats, SLOTargets, TuningPoint
+
+JSON_NAME = "factsheet.json"
+MARKDOWN_NAME = "factsheet.md"
+# Significant digits kept in JSON: enough for any figure here, and the same bytes on every platform.
+JSON_SIGNIFICANT_DIGITS = 6
+UNKNOWN = "unknown"
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        return float(f"{value:.{JSON_SIGNIFICANT_DIGITS}g}")
+    if isinstance(value, dict):
+        return {key: _round(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_round(item) for item in value]
+    return value
+
+
+def factsheet_data(factsheet: Factsheet) -> dict[str, Any]:
+    """The JSON-ready dict: schema field order (maps were sorted when built), floats rounded."""
+    return _round(factsheet.model_dump(mode="json", by_alias=True))
+
+
+def render_json(factsheet: Factsheet) -> str:
+    return json.dumps(factsheet_data(factsheet), indent=2, ensure_ascii=False) + "\n"
+
+
+# ---------------------------------------------------------------- Markdown helpers
+
+
+def _cell(text: Any) -> str:
+    # A pipe or newline inside a cell would break the table.
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _num(value: float | int | None, unit: str = "", digits: int = 4) -> str:
+    """A figure for people: `digits` significant digits, thousands separated, never exponent notation
+    for the magnitudes a factsheet holds."""
+    if value is None:
+        return UNKNOWN
+    if abs(value) >= 10**digits:
+        text = f"{value:,.0f}"
+    elif isinstance(value, int):
+        text = str(value)
+    else:
+        text = f"{value:.{digits}g}"
+    return f"{text} {unit}".rstrip()
+
+
+def _knob(value: Any) -> str:
+    return "not set" if value is None else str(value)
+
+
+def _scalar_text(value: Any) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return _num(value)
+    return UNKNOWN if value is None else str(value)
+
+
+def _pct(share: float | None) -> str:
+    return UNKNOWN if share is None else f"{share * 100:.1f}%"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in rows]
+    return lines
+
+
+def _slo_text(slo: SLOTargets) -> str:
+    parts = [
+        f"{label} ≤ {_num(value, 's')}"
+        for label, value in (("e2e", slo.e2e_s), ("TTFT", slo.ttft_s), ("TPOT", slo.tpot_s))
+        if value is not None
+    ]
+    return "; ".join(parts) or "none"
+
+
+def _figure_value(figure: Figure) -> str:
+    if figure.value is None:
+        return f"unavailable: {figure.reason}"
+    return _num(figure.value, figure.unit)
+
+
+def _mapping_text(mapping: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in mapping.items() if value is not None)
+
+
+def _point_row(label: str, point: TuningPoint | None) -> list[str]:
+    if point is None:
+        return [label, UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN]
+    return [
+        label,
+        _mapping_text(point.knobs) or UNKNOWN,
+        _num(point.goodput_rps, "req/s"),
+        _num(point.p99_s, "s"),
+        _pct(point.slo_attainment),
+    ]
+
+
+def _latency_row(label: str, stats: LatencyStats) -> list[str]:
+    values = (stats.p50_s, stats.p90_s, stats.p95_s, stats.p99_s, stats.mean_s)
+    return [label, *(_num(value, "s") for value in values)]
+
+
+# ---------------------------------------------------------------- Markdown sections
+
+
+def _headline(f: Factsheet) -> list[str]:
+    perf = f.performance
+    sus = f.sustainability
+    return [
+        "## Headline",
+        "",
+        *_table(
+            ["Figure", "Value", "Basis"],
+            [
+                ["SLO", _slo_text(f.workload.slo), "profile"],
+                ["p99 end-to-end latency", _num(perf.e2e.p99_s, "s"), perf.basis],
+                ["Goodput", _num(perf.goodput_rps, "req/s"), perf.basis],
+                ["SLO attainment", _pct(perf.slo_attainment), perf.basis],
+                [
+                    "Energy per 1k output tokens",
+                    _figure_value(sus.wh_per_1k_output_tokens),
+                    sus.wh_per_1k_output_tokens.basis,
+                ],
+                [
+                    "gCO2e per 1k output tokens",
+                    _figure_value(sus.gco2e_per_1k_output_tokens),
+                    sus.gco2e_per_1k_output_tokens.basis,
+                ],
+            ],
+        ),
+    ]
+
+
+def _system(f: Factsheet) -> list[str]:
+    system = f.system
+    host = system.host
+    if system.engine == "simulator":
+        modelling = system.modelled_hardware or UNKNOWN
+        engine = f"simulator (calibration {system.calibration or UNKNOWN}, modelling {modelling})"
+    else:
+        engine = f"{system.engine} {system.engine_version or '(version unknown)'}"
+    if host.gpus:
+        gpus = ", ".join(f"GPU {gpu.index}: {gpu.name}, {_num(gpu.memory_total_mib, 'MiB')}" for gpu in host.gpus)
+        gpus += f" (driver {host.gpu_driver_version or UNKNOWN}; from {host.gpu_source})"
+    else:
+        gpus = f"none reported ({host.gpu_source})"
+    return [
+        "## System",
+        "",
+        f"- Model: {system.model or UNKNOWN}",
+        f"- Engine: {engine}",
+        f"- Backend: {system.backend}",
+        f"- GPUs on the host: {gpus}",
+        f"- CPU: {host.cpu_model or UNKNOWN}, {_num(host.cpu_logical_cores)} logical cores; "
+        f"memory {_num(host.memory_total_gib, 'GiB')}",
+        f"- Operating system: {host.operating_system or UNKNOWN}",
+        f"- Software: {', '.join(f'{name} {version}' for name, version in host.software.items())}",
+    ]
+
+
+def _configuration(f: Factsheet) -> list[str]:
+    config = f.configuration
+    return [
+        "## Configuration",
+        "",
+        f"- Backend: {config.backend}",
+        f"- Scheduling mode: {config.scheduling_mode}",
+        "",
+        *_table(["Knob", "Value"], [[name, _knob(value)] for name, value in config.knobs.items()]),
+    ]
+
+
+def _workload(f: Factsheet) -> list[str]:
+    workload = f.workload
+    if workload.arrival is not None:
+        arrival = dict(workload.arrival)
+        arrival_text = f"{arrival.pop('kind', UNKNOWN)} ({_mapping_text(arrival)})"
+    else:
+        arrival_text = f"trace replay ({_mapping_text(workload.trace or {})})"
+    lines = [
+        "## Workload",
+        "",
+        f"- Profile: {workload.profile}" + (f": {workload.description}" if workload.description else ""),
+        f"- Arrivals: {arrival_text}",
+        f"- Requests: {workload.requests}; duration limit: {_num(workload.duration_s, 's')}; "
+        f"warm-up excluded: {workload.warmup_requests} requests, {_num(workload.warmup_s, 's')}",
+        f"- Default SLO: {_slo_text(workload.slo)}",
+    ]
+    if workload.tasks:
+        lines += [
+            "",
+            *_table(
+                ["Task", "Share", "Prompt tokens", "Output tokens", "SLO"],
+                [
+                    [
+                        task.name,
+                        _pct(task.share),
+                        _mapping_text(task.prompt_tokens),
+                        _mapping_text(task.output_tokens),
+                        _slo_text(task.slo),
+                    ]
+                    for task in workload.tasks
+                ],
+            ),
+        ]
+    lines += ["", "Definitions:", ""]
+    lines += [f"- `{name}`: {text}" for name, text in workload.slo_definitions.items()]
+    return lines
+
+
+def _performance(f: Factsheet) -> list[str]:
+    perf = f.performance
+    basis = (
+        "simulated by the discrete-event simulator (virtual time)"
+        if perf.basis == "simulated"
+        else "measured on the live server (wall clock)"
+    )
+    failures = ", ".join(f"{status} {count}" for status, count in perf.failed_by_status.items()) or "none"
+    smooth = perf.smooth_goodput
+    if perf.capacity_rps is None:
+        capacity = "not measured in this run"
+    else:
+        capacity = f"{_num(perf.capacity_rps, 'req/s')} at attainment ≥ {_pct(perf.capacity_attainment_target)}"
+    lines = [
+        "## Performance",
+        "",
+        f"Basis: {basis}.",
+        "",
+        f"- Measurement window: {_num(perf.window_s, 's')}",
+        f"- Requests: {_num(perf.requests)} submitted, {_num(perf.completed)} completed, "
+        f"{_num(perf.failed)} failed (by cause: {failures})",
+        "",
+        *_table(
+            ["Latency", "p50", "p90", "p95", "p99", "mean"],
+            [
+                _latency_row("End-to-end", perf.e2e),
+                _latency_row("TTFT", perf.ttft),
+                _latency_row("TPOT", perf.tpot),
+                _latency_row("ITL", perf.itl),
+            ],
+        ),
+        "",
+        f"- Goodput: {_num(perf.goodput_rps, 'req/s')}",
+        f"- SLO attainment: {_pct(perf.slo_attainment)}",
+        f"- Token goodput: {_num(perf.token_goodput_tps, 'tok/s')}",
+        f"- Throughput: {_num(perf.throughput_rps, 'req/s')} completed",
+        f"- Output throughput: {_num(perf.output_tps, 'tok/s')} ({_num(perf.output_tokens)} output tokens)",
+        f"- Smooth goodput: {_num(smooth.value, 'benefit tok/s')} (α = {_num(smooth.alpha)}, "
+        f"V = {_num(smooth.reading_speed_tps, 'tok/s')}, TTFT allowance {_num(smooth.ttft_allow_s, 's')}, "
+        f"f = {smooth.penalty or UNKNOWN})",
+        f"- Capacity under the SLO: {capacity}",
+    ]
+    if perf.per_task:
+        lines += [
+            "",
+            *_table(
+                ["Task", "Requests", "Completed", "p50", "p99", "SLO attainment", "Goodput", "Token goodput"],
+                [
+                    [
+                        name,
+                        _num(t.requests),
+                        _num(t.completed),
+                        _num(t.p50_s, "s"),
+                        _num(t.p99_s, "s"),
+                        _pct(t.slo_attainment),
+                        _num(t.goodput_rps, "req/s"),
+                        _num(t.token_goodput_tps, "tok/s"),
+                    ]
+                    for name, t in perf.per_task.items()
+                ],
+            ),
+        ]
+    if perf.other_metrics:
+        lines += [
+            "",
+            *_table(["Other metric", "Value"], [[k, _scalar_text(v)] for k, v in perf.other_metrics.items()]),
+        ]
+    return lines
+
+
+def _tuning(f: Factsheet) -> list[str]:
+    tuning = f.tuning
+    if tuning is None:
+        return ["## Tuning", "", "No tuner ran for this factsheet."]
+    lines = [
+        "## Tuning",
+        "",
+        f"- Tuner: {tuning.tuner or UNKNOWN}; objective: {tuning.objective or UNKNOWN}",
+        f"- Segments: {_num(tuning.segments)}; wall time: {_num(tuning.wall_time_s, 's')}",
+        "",
+        *_table(
+            ["Point", "Knobs", "Goodput", "p99", "SLO attainment"],
+            [_point_row("baseline", tuning.baseline), _point_row("tuned", tuning.tuned)],
+        ),
+    ]
+    if tuning.trajectory:
+        lines += [
+            "",
+            "Trajectory:",
+            "",
+            *_table(
+                ["Segment", "Knobs", "Goodput", "p99", "SLO attainment"],
+                [_point_row(str(i), point) for i, point in enumerate(tuning.trajectory, start=1)],
+            ),
+        ]
+    return lines
+
+
+def _sustainability(f: Factsheet) -> list[str]:
+    sus = f.sustainability
+    meter = sus.meter
+    if meter is None:
+        meter_lines = ["- Energy meter: none ran"]
+    else:
+        meter_lines = [
+            f"- Energy basis: {meter.basis}" + (f" (reason: {meter.reason})" if meter.reason else ""),
+            f"- Method: {meter.method}",
+            f"- Device: {meter.device or UNKNOWN}",
+            f"- Energy window: {_num(meter.window_s, 's')}",
+        ]
+        if meter.note:
+            meter_lines.append(f"- Note: {meter.note}")
+    figures = [
+        ("Energy over the window", sus.energy_j),
+        ("Average power", sus.avg_power_w),
+        ("Energy per 1k output tokens", sus.wh_per_1k_output_tokens),
+        ("Energy per completed request", sus.j_per_request),
+        ("gCO2e per 1k output tokens", sus.gco2e_per_1k_output_tokens),
+    ]
+    carbon = sus.carbon_inputs
+    return [
+        "## Sustainability",
+        "",
+        *meter_lines,
+        "",
+        *_table(
+            ["Figure", "Value", "Basis", "Source"],
+            [[name, _figure_value(fig), fig.basis, fig.source] for name, fig in figures],
+        ),
+        "",
+        f"- Grid carbon intensity: {_num(carbon.grid_intensity_gco2e_per_kwh, 'gCO2e/kWh')} "
+        f"({carbon.grid_region}, {carbon.accounting}; {carbon.grid_intensity_source}; "
+        f"year {carbon.grid_intensity_year})",
+        f"- PUE: {_num(carbon.pue)} ({carbon.pue_source}; year {carbon.pue_year})",
+    ]
+
+
+def _provenance(f: Factsheet) -> list[str]:
+    prov = f.provenance
+    return [
+        "## Provenance",
+        "",
+        f"- Generated: {prov.generated_at.isoformat()}",
+        f"- Run started: {prov.run_started_at.isoformat()}",
+        f"- slo-console {prov.slo_console_version}, git revision {prov.git_revision}",
+        f"- Command line: `{' '.join(prov.command_line) or UNKNOWN}`",
+        f"- Seed: {prov.seed}",
+        f"- Profile: {prov.profile_name} (hash {prov.profile_hash}"
+        + (f", file {prov.profile_path})" if prov.profile_path else ")"),
+    ]
+
+
+def _caveats(f: Factsheet) -> list[str]:
+    return ["## Caveats", "", *(f"- {caveat}" for caveat in f.caveats)]
+
+
+def render_markdown(factsheet: Factsheet) -> str:
+    header = [
+        f"# Factsheet: {factsheet.title}",
+        "",
+        f"Schema {factsheet.schema_name} {factsheet.schema_version}. The JSON beside this page is canonical; "
+        "figures marked simulated or modelled are not measurements, and unknown means not known (not zero).",
+    ]
+    sections = [
+        header,
+        _headline(factsheet),
+        _system(factsheet),
+        _configuration(factsheet),
+        _workload(factsheet),
+        _performance(factsheet),
+        _tuning(factsheet),
+        _sustainability(factsheet),
+        _provenance(factsheet),
+        _caveats(factsheet),
+    ]
+    return "\n\n".join("\n".join(section) for section in sections) + "\n"
+
+
+def write_factsheet(factsheet: Factsheet, out_dir: Path) -> tuple[Path, Path]:
+    """Write factsheet.json and factsheet.md into out_dir (created if needed); return both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path = out_dir / JSON_NAME
+    markdown_path = out_dir / MARKDOWN_NAME
+    json_path.write_text(render_json(factsheet), encoding="utf-8")
+    markdown_path.write_text(render_markdown(factsheet), encoding="utf-8")
+    return json_path, markdown_path
