@@ -535,3 +535,50 @@ def test_git_revision_outside_a_checkout_is_unknown(tmp_path: Path) -> None:
 def test_git_revision_of_this_checkout() -> None:
     revision = git_revision()
     assert revision == "unknown" or len(revision.split("+")[0]) == 40
+
+
+# ---------------------------------------------------------------- end to end on the real simulator
+
+
+def test_simulator_run_to_factsheet_files(tmp_path: Path) -> None:
+    """The path the batch runner wires: simulate, model energy over the metrics window, write both files."""
+    import asyncio
+
+    import jsonschema
+
+    from core.backends.factory import make_backend
+    from core.energy import ModelledEnergy
+    from core.events import null_sink
+    from core.factsheet import SCHEMA_PATH
+    from core.jobs import RunOptions, run_workload
+    from core.profile import load_calibration, load_profile
+
+    profile = load_profile("quickstart")
+    result = asyncio.run(run_workload(profile, make_backend("sim", profile), null_sink, RunOptions(requests=120)))
+    measured = [record for record in result.records if not record.warmup]
+    # The summary's window starts at the earliest measured arrival; model energy over the same window.
+    window_start_s = min(record.arrival_s for record in measured)
+    meter = ModelledEnergy(load_calibration(profile).power, device=f"modelled {result.backend['hardware']}")
+    meter.start()
+    meter.record_samples(result.outcome.samples, window_s=result.summary.window_s, start_s=window_start_s)
+    energy = meter.stop()
+    assert energy.basis == "modelled"
+
+    factsheet = build_factsheet(
+        sim_inputs(
+            profile=profile,
+            summary=result.summary,
+            backend_description=result.backend,
+            knobs=profile.knobs,
+            energy=energy,
+            seed=result.seed,
+        )
+    )
+    json_path, markdown_path = write_factsheet(factsheet, tmp_path)
+    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    jsonschema.validate(json.loads(json_path.read_text()), schema, cls=jsonschema.Draft202012Validator)
+    page = markdown_path.read_text()
+    assert "| Energy per 1k output tokens |" in page and "| modelled |" in page
+    assert factsheet.performance.requests == len(measured)
+    assert factsheet.system.engine == "simulator" and factsheet.performance.basis == "simulated"
+    assert not any("energy window" in caveat for caveat in factsheet.caveats)  # windows agree
