@@ -1,0 +1,246 @@
+"""The per-request streaming client against an in-process server on a real loopback socket."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import numpy as np
+import pytest
+
+from core.backends.http_client import PromptBuilder, StreamingClient, load_token_counter
+from core.records import RequestSpec, Status
+from tests.fakeserver import ErrorReply, FakeOpenAIServer, HangReply, Reply, StreamReply
+
+
+def spec(request_id: int = 1, prompt_tokens: int = 16, output_tokens: int = 5) -> RequestSpec:
+    return RequestSpec(request_id=request_id, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+
+
+async def send_one(reply: Reply, *, api: str = "completions", **client_kwargs: object):
+    """Start a server with one scripted reply, send one request, return (record, server)."""
+    async with FakeOpenAIServer(reply=reply) as server, httpx.AsyncClient() as http:
+        client = StreamingClient(http, server.base_url, server.model, api=api, **client_kwargs)  # type: ignore[arg-type]
+        start = time.perf_counter()
+        record = await client.send(spec(), start)
+        return record, server
+
+
+async def test_normal_stream_records_one_timestamp_per_chunk() -> None:
+    record, server = await send_one(StreamReply(first_delay_s=0.05, chunk_delay_s=0.02))
+
+    assert record.status is Status.OK, record.error
+    assert record.output_tokens == 5
+    assert record.chunk_tokens is None  # one token per chunk
+    assert record.chunk_times is not None and len(record.chunk_times) == 5
+    gaps = np.diff(record.chunk_times)
+    assert np.all(gaps >= 0.015), gaps  # each chunk is stamped when it arrives, not when the stream ends
+    assert record.ttft_s is not None and record.ttft_s >= 0.045
+    assert record.e2e_s is not None and record.ttft_s < record.e2e_s
+    assert record.end_s is not None and record.end_s >= record.chunk_times[-1]
+    assert record.prompt_tokens == 7  # the server's usage count wins over the spec's nominal length
+    body = server.bodies[0]
+    assert body["stream"] is True
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert body["max_tokens"] == 5
+    assert body["ignore_eos"] is True
+    assert body["temperature"] == 0
+    assert body["model"] == server.model
+    assert isinstance(body["prompt"], str)
+
+
+async def test_chat_api_sends_messages_and_skips_the_role_chunk() -> None:
+    record, server = await send_one(StreamReply(), api="chat")
+
+    assert record.status is Status.OK, record.error
+    assert record.output_tokens == 5
+    assert record.chunk_times is not None and len(record.chunk_times) == 5  # no chunk for the role delta
+    body = server.bodies[0]
+    assert body["messages"][0]["role"] == "user"
+    assert "prompt" not in body
+
+
+async def test_multi_token_chunks_count_all_their_tokens_from_per_chunk_usage() -> None:
+    record, _ = await send_one(StreamReply(chunk_tokens=[1, 3, 2]))
+
+    assert record.status is Status.OK, record.error
+    assert record.output_tokens == 6
+    assert record.chunk_tokens is not None and record.chunk_tokens.tolist() == [1, 3, 2]
+    assert len(record.token_times()) == 6
+
+
+async def test_without_per_chunk_usage_the_remainder_goes_on_the_last_chunk() -> None:
+    record, _ = await send_one(StreamReply(chunk_tokens=[1, 3, 2], usage_per_chunk=False))
+
+    assert record.status is Status.OK, record.error
+    assert record.output_tokens == 6  # from the closing usage chunk
+    assert record.chunk_tokens is not None and record.chunk_tokens.tolist() == [1, 1, 4]
+
+
+async def test_a_token_with_empty_text_still_counts_when_usage_is_per_chunk() -> None:
+    record, _ = await send_one(StreamReply(empty_text_chunks=frozenset({4})))
+
+    assert record.output_tokens == 5
+    assert record.chunk_times is not None and len(record.chunk_times) == 5
+
+
+async def test_ignore_eos_and_continuous_usage_can_be_turned_off() -> None:
+    record, server = await send_one(StreamReply(), ignore_eos=False, continuous_usage=False)
+
+    assert record.status is Status.OK
+    assert "ignore_eos" not in server.bodies[0]
+    assert server.bodies[0]["stream_options"] == {"include_usage": True}
+
+
+async def test_malformed_sse_json_fails_the_request_and_keeps_what_arrived() -> None:
+    record, _ = await send_one(StreamReply(malformed_after=2))
+
+    assert record.status is Status.ERROR
+    assert record.error is not None and record.error.startswith("malformed SSE JSON")
+    assert "unterminated" in record.error
+    assert record.chunk_times is not None and len(record.chunk_times) == 2
+    assert record.end_s is not None
+
+
+async def test_mid_stream_disconnect_is_a_broken_stream() -> None:
+    record, _ = await send_one(StreamReply(disconnect_after=3))
+
+    assert record.status is Status.ERROR
+    assert record.error is not None and record.error.startswith("stream broken")
+    assert record.output_tokens == 3
+
+
+async def test_error_object_inside_the_stream_fails_the_request() -> None:
+    record, _ = await send_one(StreamReply(error_after=1))
+
+    assert record.status is Status.ERROR
+    assert record.error == "server error in stream: engine died"
+
+
+async def test_a_missing_done_is_tolerated_after_a_finish_reason() -> None:
+    record, _ = await send_one(StreamReply(send_done=False, final_usage=False))
+
+    assert record.status is Status.OK, record.error
+    assert record.output_tokens == 5
+
+
+async def test_a_stream_closed_cleanly_before_finishing_is_an_error() -> None:
+    record, _ = await send_one(StreamReply(end_after=2))
+
+    assert record.status is Status.ERROR
+    assert record.error == "stream ended before [DONE] or a finish_reason"
+    assert record.output_tokens == 2
+
+
+async def test_stalled_request_times_out() -> None:
+    started = time.perf_counter()
+    record, _ = await send_one(HangReply(), request_timeout_s=0.3)
+
+    assert record.status is Status.TIMEOUT
+    assert record.error is not None and "0.3 s" in record.error
+    assert time.perf_counter() - started < 2.0
+
+
+async def test_slow_stream_times_out_on_the_total_deadline() -> None:
+    record, _ = await send_one(StreamReply(chunk_delay_s=0.1), request_timeout_s=0.25)
+
+    assert record.status is Status.TIMEOUT
+    assert record.chunk_times is not None and 1 <= len(record.chunk_times) < 5
+
+
+@pytest.mark.parametrize("status", [400, 404, 500, 503])
+async def test_http_errors_carry_status_and_a_short_body(status: int) -> None:
+    record, _ = await send_one(ErrorReply(status, '{"error": {"message": "' + "x" * 500 + '"}}'))
+
+    assert record.status is Status.ERROR
+    assert record.error is not None and record.error.startswith(f"HTTP {status}: {{")
+    assert len(record.error) < 260
+
+
+async def test_connection_refused_is_an_error_record() -> None:
+    async with FakeOpenAIServer() as server:
+        url = server.base_url
+    async with httpx.AsyncClient() as http:
+        record = await StreamingClient(http, url, "m").send(spec(), time.perf_counter())
+
+    assert record.status is Status.ERROR
+    assert record.error is not None and record.error.startswith("connection failed: ConnectError")
+
+
+async def test_transport_errors_are_reported_to_the_hook() -> None:
+    seen: list[BaseException] = []
+    async with FakeOpenAIServer(reply=StreamReply(disconnect_after=1)) as server, httpx.AsyncClient() as http:
+        client = StreamingClient(http, server.base_url, "m", on_transport_error=seen.append)
+        await client.send(spec(), time.perf_counter())
+
+    assert len(seen) == 1 and isinstance(seen[0], httpx.RemoteProtocolError)
+
+
+async def test_cancellation_records_cancelled_and_propagates() -> None:
+    async with FakeOpenAIServer(reply=StreamReply(chunk_delay_s=0.5)) as server, httpx.AsyncClient() as http:
+        client = StreamingClient(http, server.base_url, "m")
+        record = client.new_record(spec())
+        task = asyncio.create_task(client.send(spec(), time.perf_counter(), record))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    assert record.status is Status.CANCELLED
+    assert record.end_s is not None
+    assert record.chunk_times is not None and len(record.chunk_times) == 1
+
+
+async def test_times_are_on_the_run_clock() -> None:
+    async with FakeOpenAIServer() as server, httpx.AsyncClient() as http:
+        run_start = time.perf_counter() - 10.0  # the run started ten seconds ago
+        record = await StreamingClient(http, server.base_url, "m").send(spec(), run_start)
+
+    assert 10.0 <= record.arrival_s < 11.0
+    assert record.chunk_times is not None and np.all(record.chunk_times >= record.arrival_s)
+
+
+# -- prompts ------------------------------------------------------------------------------------------
+
+
+def test_prompt_builder_reaches_the_token_count_with_a_counter() -> None:
+    def count(text: str) -> int:
+        return (len(text) + 3) // 4  # a stand-in tokenizer: one token per four characters
+
+    builder = PromptBuilder(count)
+    for n_tokens in (1, 10, 100, 1000):
+        text = builder.body(n_tokens)
+        assert n_tokens <= count(text) <= n_tokens + 3  # the shortest word sequence that reaches n
+    assert builder.tokenizer_aware
+
+
+def test_prompt_builder_is_deterministic_cached_and_salted() -> None:
+    builder = PromptBuilder()
+    assert builder.body(50) is builder.body(50)
+    assert PromptBuilder().body(50) == builder.body(50)
+    first, second = builder.build(50, salt=1), builder.build(50, salt=2)
+    assert first != second  # distinct prompts keep the prefix cache out of the measurement
+    assert first.split()[1:] == second.split()[1:]
+    assert not builder.tokenizer_aware
+
+
+def test_prompt_builder_estimate_without_tokenizer() -> None:
+    words = len(PromptBuilder(words_per_token=0.75).body(400).split())
+    assert words == 300
+
+
+def test_token_counter_is_none_without_a_tokenizer_file(tmp_path) -> None:
+    assert load_token_counter(tmp_path) is None
+    assert not PromptBuilder.for_model_dir(tmp_path).tokenizer_aware
+
+
+def test_token_counter_from_a_tokenizer_json(tmp_path) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+
+    builder = PromptBuilder.for_model_dir(tmp_path)
+    assert builder.tokenizer_aware
+    assert len(builder.body(40).split()) == 40  # a word-level tokenizer: one token per word
