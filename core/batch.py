@@ -71,9 +71,7 @@ def _prepare_out(out: Path | None) -> Path | None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ProfileError(
-            f"--out {out}: cannot create the directory ({exc.strerror}); choose another"
-        ) from exc
+        raise ProfileError(f"--out {out}: cannot create the directory ({exc.strerror}); choose another") from exc
     return out
 
 
@@ -156,11 +154,9 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
 
 
 def _write_factsheet(args: BatchArgs, result: Any) -> None:
-    try:
-        from core.factsheet import write_run_factsheet
-    except ImportError:  # the factsheet capability is optional until it lands
-        return
-    paths = write_run_factsheet(result, args.out, command_line=args.argv or [])
+    from core.factsheet.run import write_run_factsheet
+
+    paths = write_run_factsheet(result, args.out, args.argv or [])
     log.info("factsheet written: %s", ", ".join(str(p) for p in paths))
 
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from core.backends.base import Backend, EngineSample, RunOutcome
+from core.energy import EnergyMeter, EnergyReading, UnavailableMeter, auto_meter
 from core.events import EventSink, make_event
 from core.metrics import Summary, WindowedAggregator, summarize
-from core.profile import Profile
+from core.profile import KnobsSpec, Profile
 from core.records import RequestRecord
 from core.workload import build_load_plan
 
@@ -39,6 +41,10 @@ class RunResult:
     seed: int
     wall_s: float
     interrupted: bool = False
+    # Measured energy over the run (live backends); None: model it (simulator) or unavailable.
+    energy: EnergyReading | None = None
+    knobs: KnobsSpec | None = None
+    started_at: datetime | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -69,11 +75,7 @@ class _RunObserver:
 
     def emit_progress(self) -> None:
         snap = self.window.snapshot(self.last_time_s).to_dict()
-        self.sink(
-            make_event(
-                "progress", t_s=self.last_time_s, finished=self.finished, failed=self.failed, window=snap
-            )
-        )
+        self.sink(make_event("progress", t_s=self.last_time_s, finished=self.finished, failed=self.failed, window=snap))
 
     def on_engine_sample(self, sample: EngineSample) -> None:
         if not self.options.engine_events:
@@ -128,8 +130,16 @@ async def run_workload(
         )
     )
     observer = _RunObserver(profile, sink, options)
+    started_at = datetime.now(UTC)
+    # Live servers: measure energy around the run (NVML on a GPU, else RAPL on the CPU package).
+    meter = None if description.get("backend") == "sim" else _live_meter()
+    if meter is not None:
+        meter.start()
     wall_start = time.perf_counter()
-    outcome = await backend.run(plan, observer)
+    try:
+        outcome = await backend.run(plan, observer)
+    finally:
+        energy = meter.stop() if meter is not None else None
     wall_s = time.perf_counter() - wall_start
     if observer.finished % options.progress_every:
         observer.emit_progress()
@@ -142,4 +152,13 @@ async def run_workload(
         seed=seed,
         wall_s=wall_s,
         interrupted=outcome.interrupted,
+        energy=energy,
+        knobs=profile.knobs,
+        started_at=started_at,
     )
+
+
+def _live_meter() -> EnergyMeter:
+    """NVML when a GPU is visible, else RAPL; a meter that reports why when neither is readable."""
+    gpu = auto_meter("gpu")
+    return auto_meter("cpu") if isinstance(gpu, UnavailableMeter) else gpu
