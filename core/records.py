@@ -56,7 +56,7 @@ class RequestSpec:
     client_id: int | None = None
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class RequestRecord:
     """What happened to one request. Times are seconds on the run's clock (virtual or wall)."""
 
@@ -105,6 +105,13 @@ class RequestRecord:
         if first is None or self.end_s is None or self.output_tokens <= 1:
             return None
         return (self.end_s - first) / (self.output_tokens - 1)
+
+    def __repr__(self) -> str:
+        # Short on purpose: the default repr prints every chunk time, and asyncio reprs task results.
+        return (
+            f"RequestRecord(id={self.request_id}, task={self.task!r}, status={self.status.value}, "
+            f"e2e_s={self.e2e_s}, ttft_s={self.ttft_s}, output_tokens={self.output_tokens})"
+        )
 
     def token_times(self) -> np.ndarray:
         """Per-token arrival times (a chunk of k tokens repeats its time k times)."""

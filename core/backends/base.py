@@ -64,13 +64,16 @@ class RunObserver(Protocol):
     def on_engine_sample(self, sample: EngineSample) -> None: ...
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class RunOutcome:
     records: list[RequestRecord]
     duration_s: float  # run clock from start to the last completion
     samples: list[EngineSample] = field(default_factory=list)
     interrupted: bool = False
     notes: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"RunOutcome(records={len(self.records)}, duration_s={self.duration_s}, interrupted={self.interrupted})"
 
 
 class Backend(Protocol):
