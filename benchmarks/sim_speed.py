@@ -52,8 +52,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
     args = parser.parse_args()
-    print(f"{'requests':>9} {'wall s':>7} {'sim s':>7} {'metrics s':>9} {'req/s':>8} {'tokens/s':>10} "
-          f"{'batch':>6} {'x Vidur':>8}")
+    print(
+        f"{'requests':>9} {'wall s':>7} {'sim s':>7} {'metrics s':>9} {'req/s':>8} {'tokens/s':>10} "
+        f"{'batch':>6} {'x Vidur':>8}"
+    )
     for n in args.requests:
         m = measure(n)
         print(
