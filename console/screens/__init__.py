@@ -1,0 +1,1 @@
+"""Screens of the operator console: the main tabbed screen and the help screen."""

@@ -1,0 +1,54 @@
+"""Number formatting shared by tiles, tables and the status line. Unknown reads as an em dash, never 0."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from console.session import finite
+
+UNKNOWN = "—"
+
+
+def num(value: Any, digits: int = 2, scale: float = 1.0) -> str:
+    number = finite(value)
+    return UNKNOWN if number is None else f"{number * scale:.{digits}f}"
+
+
+def pct(value: Any, digits: int = 1) -> str:
+    number = finite(value)
+    return UNKNOWN if number is None else f"{number * 100:.{digits}f}%"
+
+
+def knobs_text(knobs: dict[str, Any] | None, *, short: bool = True) -> str:
+    """The knobs an operator tunes, in the order the SLO-Tuner paper lists them."""
+    if not knobs:
+        return UNKNOWN
+    spec = "off"
+    if knobs.get("spec_on") and knobs.get("spec_width"):
+        spec = f"w{knobs['spec_width']}"
+    conc = knobs.get("concurrency")
+    if short:
+        # The tuner's points carry only the knobs it moves; show the batch limit only when it is known.
+        batch = knobs.get("max_num_batched_tokens")
+        return (
+            f"conc {conc if conc is not None else '∞'} · seqs {knobs.get('max_num_seqs', UNKNOWN)} · "
+            + (f"batch {batch} · " if batch is not None else "")
+            + f"spec {spec}"
+        )
+    return (
+        f"concurrency {conc if conc is not None else 'unlimited'}, max_num_seqs {knobs.get('max_num_seqs')}, "
+        f"max_num_batched_tokens {knobs.get('max_num_batched_tokens')}, speculation {spec}"
+    )
+
+
+def duration(seconds: float | None) -> str:
+    if seconds is None:
+        return UNKNOWN
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {secs:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
