@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, help="write events.jsonl, requests.jsonl, summary.json, factsheet.*"
     )
     parser.add_argument(
+        "--resume", action="store_true", help="--job tune: continue the journal in --out (finished segments are kept)"
+    )
+    parser.add_argument(
         "--speed",
         type=float,
         default=1.0,
@@ -73,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
                 duration_s=args.duration_s,
                 out=args.out,
                 argv=["slo-console", *argv],
+                resume=args.resume,
             )
         )
     from console.app import run_app  # imported only here: the batch path never loads Textual

@@ -41,6 +41,7 @@ class BatchArgs:
     duration_s: float | None = None
     out: Path | None = None
     argv: list[str] | None = None
+    resume: bool = False  # --job tune: continue the journal in --out instead of starting a new one
 
 
 class EventWriter:
@@ -117,8 +118,10 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     from core.backends.factory import make_backend
     from core.jobs import RunOptions, run_workload, summary_event
 
+    if args.job == "tune":
+        return _run_tune_job(args, profile, sink)
     if args.job != "run":
-        raise ProfileError(f"--job {args.job}: not available in this version; use --job run")
+        raise ProfileError(f"--job {args.job}: not available in this version; use --job run or --job tune")
     backend = make_backend(args.backend, profile, seed=args.seed, url=args.url)  # type: ignore[arg-type]
     options = RunOptions(seed=args.seed, requests=args.requests, duration_s=args.duration_s)
 
@@ -150,6 +153,53 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     if result.summary.requests > 0 and result.summary.completed == 0:
         log.error("every request failed; see the error field in requests.jsonl (--out) for the cause")
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def _run_tune_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
+    """--job tune: SLO-Tuner (core/tune). The journal goes to --out, else runs/tune-<profile>/, so that
+    `--resume` with the same command finds it."""
+    from core.tune.job import run_tune, tune_batch_summary
+    from core.tune.journal import JOURNAL_NAME
+
+    out_dir = args.out if args.out is not None else _prepare_out(Path("runs") / f"tune-{profile.name}")
+    assert out_dir is not None
+    # A live tune sends thousands of requests; httpx would log each one at INFO on stderr.
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    result = asyncio.run(
+        _run_cancellable(
+            lambda: run_tune(
+                profile,
+                backend_kind=args.backend,
+                sink=sink,
+                seed=args.seed,
+                journal_path=out_dir / JOURNAL_NAME,
+                resume=args.resume,
+            )
+        )
+    )
+    final = tune_batch_summary(result)
+    if args.out is not None:
+        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    sink(final)
+    log.info("tune journal: %s", out_dir / JOURNAL_NAME)
+    if result.interrupted:
+        log.warning("interrupted: finished segments are in the journal; run again with --resume to continue")
+        return EXIT_INTERRUPTED
+    tuned = result.tuned
+    if tuned is None or not tuned.ok:
+        log.error("no configuration could be measured; see the error field of the tune_segment events")
+        return EXIT_FAILED
+    log.info(
+        "%s: tuned %s: p99 %.3f s, goodput %.2f req/s (baseline p99 %s s, goodput %s req/s), %d segments",
+        profile.name,
+        tuned.point.label(),
+        tuned.p99_s,
+        tuned.goodput_rps,
+        "n/a" if result.baseline is None else f"{result.baseline.p99_s:.3f}",
+        "n/a" if result.baseline is None else f"{result.baseline.goodput_rps:.2f}",
+        result.segments_used,
+    )
     return EXIT_OK
 
 

@@ -267,6 +267,59 @@ class ServerSpec(Strict):
     startup_timeout_s: Annotated[float, Field(gt=0)] = 300.0
 
 
+class TunerSpec(Strict):
+    """SLO-Tuner settings (paper 000 sec. II-B; the defaults are the paper's values). Used by `--job tune`.
+
+    Score (eq. 3): goodput - violation_weight * max(0, p99 - SLO) - hw_cost, with violation_weight = lambda
+    live and sim_violation_factor * lambda on the simulator; hw_cost (eq. 2) = the weights below times
+    concurrency, max_num_seqs and the effective speculative width. Neighbours: each numeric knob moved by
+    its step within its bounds (clamped), plus the speculation toggle.
+    """
+
+    algorithm: Literal["hillclimb", "halving", "simrank"] = "hillclimb"  # hillclimb = the paper's Algorithm 1
+    steps: Annotated[int, Field(ge=1)] = 8  # T, the step budget of the hill-climb
+    # Segment budget for the other algorithms; None: what the paper's hill-climb would use (steps x 8 + 1).
+    segment_budget: Annotated[int, Field(ge=2)] | None = None
+    slo_penalty: Annotated[float, Field(ge=0)] = 5.0  # lambda
+    min_gain: Annotated[float, Field(ge=0)] = 0.02  # delta
+    concurrency_bounds: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] = (2, 16)
+    concurrency_step: Annotated[int, Field(ge=1)] = 2
+    max_num_seqs_bounds: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] = (4, 16)
+    max_num_seqs_step: Annotated[int, Field(ge=1)] = 3
+    spec_width_bounds: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0, le=64)]] = (0, 16)
+    spec_width_step: Annotated[int, Field(ge=1)] = 4
+    spec_toggle: bool = True
+    hw_weight_concurrency: Annotated[float, Field(ge=0)] = 0.01
+    hw_weight_max_num_seqs: Annotated[float, Field(ge=0)] = 0.01
+    hw_weight_spec_width: Annotated[float, Field(ge=0)] = 0.02
+    # Live segments: warm-up discarded, then the measurement window (server start-up comes on top).
+    warmup_s: Annotated[float, Field(ge=0)] = 10.0
+    measure_s: Annotated[float, Field(gt=0)] = 30.0
+    # Simulator variant: a segment runs until both minimums are reached; EMA of the current point's p99
+    # (beta weighs the newest value; the paper gives no value); violation term weighted factor x lambda.
+    sim_min_duration_s: Annotated[float, Field(gt=0)] = 90.0
+    sim_min_requests: Annotated[int, Field(ge=1)] = 1500
+    sim_ema_beta: Annotated[float, Field(gt=0, le=1)] = 0.5
+    sim_violation_factor: Annotated[float, Field(ge=0)] = 10.0
+    # Measure a configuration again when the search revisits it (the paper re-runs the current point at
+    # every step); off: a configuration is measured once per run and its result reused.
+    remeasure: bool = False
+    # Simulator-guided: search on the calibrated simulator, then verify only the top `guided_verify`
+    # configurations live (plus the baseline and the final re-measurement).
+    guided: bool = False
+    guided_verify: Annotated[int, Field(ge=1)] = 3
+    # simrank: how many simulator-ranked neighbours are measured per step.
+    simrank_top: Annotated[int, Field(ge=1)] = 2
+
+    @model_validator(mode="after")
+    def _ordered_bounds(self) -> TunerSpec:
+        for name in ("concurrency_bounds", "max_num_seqs_bounds", "spec_width_bounds"):
+            low, high = getattr(self, name)
+            if low > high:
+                raise ValueError(f"{name}: lower bound {low} is above upper bound {high}")
+        return self
+
+
 class Profile(Strict):
     name: str
     description: str = ""
@@ -278,6 +331,7 @@ class Profile(Strict):
     engine: EngineSpec = Field(default_factory=EngineSpec)
     sustainability: SustainabilitySpec = Field(default_factory=SustainabilitySpec)
     server: ServerSpec = Field(default_factory=ServerSpec)
+    tuner: TunerSpec = Field(default_factory=TunerSpec)
     # Extension sections owned by other capabilities (live server, tuner, energy) are added here.
 
     _source: Path | None = PrivateAttr(default=None)

@@ -1,0 +1,166 @@
+"""Turn "what is S(K)?" into a segment, at most once per configuration, journaled, within a budget.
+
+Every search algorithm asks the evaluator; it answers from, in order:
+1. the run's memory of configurations already measured (unless the profile asks to re-measure): a
+   configuration is one experiment, measured once per run (issue 4 part 3);
+2. the journal of an interrupted run being resumed: the search replays deterministically, so the same
+   (phase, step, configuration) key comes up again and its stored result is used;
+3. a new segment on the runner, appended to the journal as soon as it finishes.
+Only 2 and 3 are segments of the run; the budget counts them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from core.events import EventSink, make_event
+from core.profile import TunerSpec
+from core.tune.journal import Journal
+from core.tune.knobspace import Point
+from core.tune.score import FAILED_SCORE, Segment, score
+from core.tune.segment import SegmentRunner
+
+FINAL_SEED_OFFSET = 1  # the final re-measurement sees fresh randomness (simulator), not the search's draws
+
+
+class BudgetExhausted(Exception):
+    """The segment budget is spent; the search stops and reports what it has."""
+
+
+class Evaluator:
+    def __init__(
+        self,
+        runner: SegmentRunner,
+        spec: TunerSpec,
+        slo_s: float,
+        *,
+        seed: int,
+        journal: Journal | None = None,
+        sink: EventSink | None = None,
+        budget: int | None = None,
+        label: str = "",
+    ) -> None:
+        self.runner = runner
+        self.spec = spec
+        self.slo_s = slo_s
+        self.seed = seed
+        self.journal = journal
+        self.sink = sink
+        self.budget = budget
+        self.label = label  # prefixes journal keys so two evaluators (simulator guide, live) never collide
+        self.memo: dict[tuple[tuple[int, int, int], float], Segment] = {}
+        self.history: list[Segment] = []  # every segment of the run, in the order it was taken
+        self.measured = 0  # new segments in this process
+        self.resumed = 0  # segments taken from the journal
+        self.memo_hits = 0
+
+    @property
+    def variant(self) -> str:
+        return self.runner.variant
+
+    @property
+    def used(self) -> int:
+        return self.measured + self.resumed
+
+    def budget_left(self) -> float:
+        return math.inf if self.budget is None else self.budget - self.used
+
+    def known(self, point: Point, fraction: float = 1.0) -> Segment | None:
+        if self.spec.remeasure:
+            return None
+        return self.memo.get((point.config_key, fraction))
+
+    def segment_key(self, point: Point, phase: str, step: int, fraction: float) -> str:
+        conc, seqs, width = point.config_key
+        key = f"{phase}:{step}:c{conc}-s{seqs}-w{width}"
+        if fraction != 1.0:
+            key += f":f{fraction:.4f}"
+        return f"{self.label}/{key}" if self.label else key
+
+    def score_of(self, point: Point, goodput_rps: float, p99_s: float) -> float:
+        return score(goodput_rps, p99_s, self.slo_s, point, self.spec, self.runner.variant)  # type: ignore[arg-type]
+
+    async def evaluate(
+        self, point: Point, *, phase: str, step: int, fraction: float = 1.0, force: bool = False
+    ) -> Segment:
+        if not force:
+            cached = self.known(point, fraction)
+            if cached is not None:
+                self.memo_hits += 1
+                return cached
+        key = self.segment_key(point, phase, step, fraction)
+        stored = self.journal.lookup(key) if self.journal is not None else None
+        if stored is not None:
+            self.resumed += 1
+            segment = stored
+            source = "journal"
+        else:
+            if self.budget_left() <= 0:
+                raise BudgetExhausted
+            segment = await self._measure(point, key, phase, step, fraction)
+            self.measured += 1
+            source = "measured"
+            if self.journal is not None:
+                self.journal.append(segment)
+        self.memo.setdefault((point.config_key, fraction), segment)
+        if not force:
+            self.memo[(point.config_key, fraction)] = segment
+        self.history.append(segment)
+        self._emit(segment, source)
+        return segment
+
+    async def _measure(self, point: Point, key: str, phase: str, step: int, fraction: float) -> Segment:
+        seed = self.seed + (FINAL_SEED_OFFSET if phase == "final" else 0)
+        result = await self.runner.measure(point, seed=seed, fraction=fraction)
+        summary = result.summary
+        segment = Segment(
+            key=key,
+            point=point,
+            phase=phase,
+            step=step,
+            score=FAILED_SCORE,
+            wall_s=result.wall_s,
+            error=result.error,
+            measure_fraction=fraction,
+        )
+        if summary is not None:
+            segment.p50_s = summary.p50_s
+            segment.p95_s = summary.p95_s
+            segment.p99_s = summary.p99_s
+            segment.goodput_rps = summary.goodput_rps
+            segment.throughput_rps = summary.throughput_rps
+            segment.requests = summary.requests
+            segment.completed = summary.completed
+            segment.failed = summary.failed
+            segment.window_s = summary.window_s
+            segment.summary = summary.to_dict()
+        if result.error is None and summary is not None:
+            segment.score = self.score_of(point, summary.goodput_rps, summary.p99_s)
+            if not math.isfinite(segment.score):
+                segment.error = "no latency measured (no request completed)"
+        return segment
+
+    def _emit(self, segment: Segment, source: str) -> None:
+        if self.sink is None:
+            return
+        fields: dict[str, Any] = {
+            "world": self.runner.variant,
+            "phase": segment.phase,
+            "step": segment.step,
+            "knobs": segment.point.as_dict(),
+            "source": source,
+            "segments_used": self.used,
+            **segment.metrics(),
+            "wall_s": segment.wall_s,
+        }
+        if segment.error:
+            fields["error"] = segment.error
+        if segment.measure_fraction != 1.0:
+            fields["measure_fraction"] = segment.measure_fraction
+        self.sink(make_event("tune_segment", **fields))
+
+    def best(self, *, full_only: bool = True) -> Segment | None:
+        """The highest-scoring segment taken so far (full-length ones only, unless asked)."""
+        candidates = [s for s in self.history if s.phase != "final" and (not full_only or s.measure_fraction == 1.0)]
+        return max(candidates, key=lambda s: s.score, default=None)

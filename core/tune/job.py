@@ -1,0 +1,286 @@
+"""`--job tune`: SLO-Tuner end to end, written once for batch and console (events on a sink, a result).
+
+    result = await run_tune(profile, backend_kind="sim", sink=print_event, journal_path=Path("runs/x.jsonl"))
+
+The flow: pick the start point K0 from the profile's knobs, run the profile's search (`tuner.algorithm`) on
+the target world (simulator, or a vLLM restarted per segment), or with `tuner.guided` search the simulator
+and verify the top few live; then re-measure the best once (Algorithm 1's last line) and report baseline
+against tuned. Events: `start`, `tune_segment` per segment, `tune_step` per step, `tune_summary`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from core.backends.base import Backend
+from core.events import EventSink, make_event
+from core.profile import ClosedLoopArrival, Profile, ProfileError, TunerSpec, load_calibration, profile_hash
+from core.tune.evaluator import Evaluator
+from core.tune.guided import verify_live
+from core.tune.hillclimb import SearchResult, hill_climb
+from core.tune.journal import Journal
+from core.tune.knobspace import KnobSpace, Point
+from core.tune.score import Segment
+from core.tune.search import simrank_climb, successive_halving
+from core.tune.segment import LiveSegmentRunner, SegmentRunner, SimSegmentRunner, TuneInterrupted
+
+DEFAULT_CONCURRENCY = 8  # K0's concurrency when neither the knobs nor a closed-loop workload give one
+SEGMENTS_PER_STEP = 8  # the paper's accounting: the current point and up to 7 neighbours
+
+
+@dataclass(slots=True)
+class TuneResult:
+    profile: Profile
+    backend: dict[str, Any]
+    algorithm: str
+    guided: bool
+    seed: int
+    start: Point
+    baseline: Segment | None
+    best: Segment | None
+    final: Segment | None  # the re-measurement of the best
+    search: SearchResult | None
+    sim_search: SearchResult | None  # guided: the search on the simulator
+    segments_used: int  # in the target world (live segments for --backend vllm), final included
+    segments_resumed: int
+    sim_segments: int  # guided: segments spent on the simulator
+    wall_s: float
+    interrupted: bool = False
+    journal_path: Path | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def live_segments_saved(self) -> int | None:
+        """Guided only: segments the same search would have measured live, minus those actually measured."""
+        if not self.guided:
+            return None
+        return self.sim_segments + 1 - self.segments_used  # +1: that search would also re-measure its best
+
+    @property
+    def tuned(self) -> Segment | None:
+        return self.final if self.final is not None else self.best
+
+    def goodput_gain(self) -> float:
+        if self.baseline is None or self.tuned is None:
+            return math.nan
+        base, tuned = self.baseline.goodput_rps, self.tuned.goodput_rps
+        if not (math.isfinite(base) and math.isfinite(tuned)) or base <= 0:
+            return math.inf if math.isfinite(tuned) and tuned > 0 else math.nan
+        return tuned / base
+
+
+def default_budget(spec: TunerSpec) -> int:
+    return spec.segment_budget if spec.segment_budget is not None else spec.steps * SEGMENTS_PER_STEP + 1
+
+
+def _start_point(profile: Profile, space: KnobSpace) -> Point:
+    arrival = profile.workload.arrival
+    fallback = arrival.clients if isinstance(arrival, ClosedLoopArrival) else DEFAULT_CONCURRENCY
+    return space.start_point(profile.knobs, fallback)
+
+
+async def _search(
+    algorithm: str,
+    evaluator: Evaluator,
+    guide: Evaluator,
+    space: KnobSpace,
+    start: Point,
+    spec: TunerSpec,
+    sink: EventSink | None,
+) -> SearchResult:
+    if algorithm == "hillclimb":
+        return await hill_climb(evaluator, space, start, steps=spec.steps, sink=sink)
+    if algorithm == "halving":
+        return await successive_halving(evaluator, space, start, sink=sink)
+    if algorithm == "simrank":
+        return await simrank_climb(evaluator, guide, space, start, sink=sink)
+    raise ProfileError(f"tuner.algorithm {algorithm!r}: unknown; use hillclimb, halving or simrank")
+
+
+async def run_tune(
+    profile: Profile,
+    *,
+    backend_kind: str = "sim",
+    sink: EventSink,
+    seed: int | None = None,
+    journal_path: Path | None = None,
+    resume: bool = False,
+    backend: Backend | None = None,
+    spec: TunerSpec | None = None,
+) -> TuneResult:
+    """Tune the profile's knobs. `backend`: a ready backend object for `backend_kind` "vllm" (tests inject
+    one; default: `make_backend`). `spec` overrides `profile.tuner`. Raises ProfileError for bad input and
+    BackendUnavailable when the engine cannot run at all; a single configuration that fails is scored -inf.
+    """
+    spec = spec or profile.tuner
+    if profile.slo.e2e_s is None:
+        raise ProfileError(f"profile {profile.name!r}: --job tune needs slo.e2e_s (the p99 target); add it")
+    if backend_kind not in ("sim", "vllm"):
+        raise ProfileError(f"--backend {backend_kind}: --job tune restarts the server per segment; use sim or vllm")
+    seed = profile.seed if seed is None else seed
+    slo_s = profile.slo.e2e_s
+    space = KnobSpace(spec)
+    start = _start_point(profile, space)
+    sim_runner = SimSegmentRunner(profile, load_calibration(profile), spec)
+    target_runner: SegmentRunner
+    if backend_kind == "sim":
+        target_runner = sim_runner
+    else:
+        if backend is None:
+            from core.backends.factory import make_backend
+
+            backend = make_backend("vllm", profile)
+        target_runner = LiveSegmentRunner(profile, backend, spec)
+    guided = spec.guided
+    algorithm = spec.algorithm
+    budget = None if algorithm == "hillclimb" else default_budget(spec) - 1  # -1: keep one for the final
+    journal = None
+    if journal_path is not None:
+        journal = Journal(
+            journal_path,
+            {
+                "profile": profile.name,
+                "profile_hash": profile_hash(profile),
+                "backend": backend_kind,
+                "algorithm": algorithm,
+                "guided": guided,
+                "seed": seed,
+                "start": start.as_dict(),
+            },
+            resume=resume,
+        )
+    target = Evaluator(target_runner, spec, slo_s, seed=seed, journal=journal, sink=sink, budget=budget)
+    # The guide never writes the journal: its segments are cheap and a replay recomputes them identically.
+    guide = Evaluator(sim_runner, spec, slo_s, seed=seed, sink=None, label="guide")
+    sink(
+        make_event(
+            "start",
+            job="tune",
+            profile=profile.name,
+            seed=seed,
+            backend=target_runner.description,
+            algorithm=algorithm,
+            guided=guided,
+            slo_p99_s=slo_s,
+            start_knobs=start.as_dict(),
+            steps=spec.steps,
+            segment_budget=None if budget is None else budget + 1,
+            journal=None if journal_path is None else str(journal_path),
+            resumed_segments=0 if journal is None else len(journal.segments),
+        )
+    )
+    wall_start = time.perf_counter()
+    interrupted = False
+    search: SearchResult | None = None
+    sim_search: SearchResult | None = None
+    final: Segment | None = None
+    try:
+        if guided and backend_kind == "vllm":
+            guide.sink = sink  # the console shows the simulator phase too (world "sim" in the events)
+            sim_search = await _search(algorithm, guide, guide, space, start, spec, sink)
+            search = await verify_live(target, start, sim_search, verify=spec.guided_verify, sink=sink)
+        else:
+            search = await _search(algorithm, target, guide, space, start, spec, sink)
+        if search.best is not None and search.best.ok:
+            target.budget = None  # the final re-measurement is part of every algorithm's budget already
+            final = await target.evaluate(search.best.point, phase="final", step=0, force=True)
+    except (TuneInterrupted, asyncio.CancelledError):
+        interrupted = True
+    finally:
+        await target_runner.close()
+        if journal is not None:
+            journal.note("end", interrupted=interrupted, segments_used=target.used)
+            journal.close()
+    baseline = next((s for s in target.history if s.point.config_key == start.config_key and s.phase != "final"), None)
+    best = search.best if search is not None else target.best()
+    result = TuneResult(
+        profile=profile,
+        backend=target_runner.description,
+        algorithm=algorithm,
+        guided=guided and backend_kind == "vllm",
+        seed=seed,
+        start=start,
+        baseline=baseline,
+        best=best,
+        final=final,
+        search=search,
+        sim_search=sim_search,
+        segments_used=target.used,
+        segments_resumed=target.resumed,
+        sim_segments=guide.used,
+        wall_s=time.perf_counter() - wall_start,
+        interrupted=interrupted,
+        journal_path=journal_path,
+    )
+    sink(tune_summary_event(result))
+    return result
+
+
+def _headline(segment: Segment | None) -> dict[str, Any]:
+    if segment is None:
+        return {"knobs": None, "p50_s": None, "p95_s": None, "p99_s": None, "goodput_rps": None, "score": None}
+    return {
+        "knobs": segment.point.as_dict(),
+        "p50_s": segment.p50_s,
+        "p95_s": segment.p95_s,
+        "p99_s": segment.p99_s,
+        "goodput_rps": segment.goodput_rps,
+        "score": segment.score if math.isfinite(segment.score) else None,
+    }
+
+
+def tune_summary_event(result: TuneResult) -> dict[str, Any]:
+    slo_s = result.profile.slo.e2e_s
+    tuned = result.tuned
+    return make_event(
+        "tune_summary",
+        algorithm=result.algorithm,
+        guided=result.guided,
+        slo_p99_s=slo_s,
+        baseline=_headline(result.baseline),
+        tuned=_headline(tuned),
+        best_in_search=_headline(result.best),
+        tuned_meets_slo=bool(tuned is not None and slo_s is not None and tuned.ok and tuned.p99_s <= slo_s),
+        goodput_gain_x=result.goodput_gain(),
+        segments_used=result.segments_used,
+        segments_resumed=result.segments_resumed,
+        sim_segments=result.sim_segments,
+        live_segments_saved=result.live_segments_saved,
+        steps=len(result.search.steps) if result.search is not None else 0,
+        stopped_by=result.search.stopped_by if result.search is not None else None,
+        wall_s=result.wall_s,
+        interrupted=result.interrupted,
+    )
+
+
+def tune_batch_summary(result: TuneResult) -> dict[str, Any]:
+    """The batch contract's last line: the tuned configuration's headline metrics (the final
+    re-measurement's summary, every field a `run` summary has), plus what the tuning found and cost."""
+    tuned = result.tuned
+    headline = dict(tuned.summary) if tuned is not None else {}
+    baseline = result.baseline
+    return make_event(
+        "summary",
+        job="tune",
+        profile=result.profile.name,
+        backend=result.backend.get("backend"),
+        seed=result.seed,
+        interrupted=result.interrupted,
+        **headline,
+        tuned_knobs=None if tuned is None else tuned.point.as_dict(),
+        baseline_knobs=result.start.as_dict(),
+        baseline_p99_s=None if baseline is None else baseline.p99_s,
+        baseline_goodput_rps=None if baseline is None else baseline.goodput_rps,
+        goodput_gain_x=result.goodput_gain(),
+        algorithm=result.algorithm,
+        guided=result.guided,
+        segments_used=result.segments_used,
+        sim_segments=result.sim_segments,
+        live_segments_saved=result.live_segments_saved,
+        tune_wall_s=result.wall_s,
+    )

@@ -1,0 +1,183 @@
+"""Run one measurement segment at a knob point, on the simulator or on a vLLM restarted for it.
+
+Paper 000 sec. II-B ("implementation", "vLLM integration", "simulator"): a segment discards a warm-up and
+then measures a window; failed requests stay out of the percentiles (core.metrics does that). Live, the
+server is started with the segment's knobs and stopped after it, every time, because vLLM's batching and
+speculation flags cannot be changed on a running server. On the simulator a segment runs until it has
+both a minimum duration and a minimum number of measured requests, which tames its variance.
+
+The client concurrency knob is the number of closed-loop clients (the paper's setting: a client sends
+its next request when the previous one ends), or the in-flight cap of an open-loop workload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from core.backends.base import Backend, BackendUnavailable, LoadPlan, RunOutcome
+from core.metrics import Summary, summarize
+from core.profile import Calibration, Profile, ProfileError, TunerSpec
+from core.tune.knobspace import Point
+from core.tune.score import Variant
+from core.workload import build_load_plan
+
+# A count large enough that a time-bound segment is never cut short by the workload's request count.
+UNBOUNDED_REQUESTS = 10**9
+# Simulator: if the first run reaches the duration but not the request count, how much longer to run.
+SIM_EXTEND_MARGIN = 1.1
+SIM_MAX_RUNS = 4
+
+
+class TuneInterrupted(Exception):
+    """Ctrl-C (task cancellation) arrived during a segment; the segment is not recorded."""
+
+
+@dataclass(slots=True)
+class Measurement:
+    """What a runner hands back: a summary, or the reason there is none."""
+
+    summary: Summary | None
+    wall_s: float
+    error: str | None = None
+    notes: dict[str, Any] | None = None
+
+
+class SegmentRunner(Protocol):
+    variant: Variant
+    description: dict[str, Any]
+
+    async def measure(self, point: Point, *, seed: int, fraction: float = 1.0) -> Measurement: ...
+
+    async def close(self) -> None: ...
+
+
+def _plan_for(profile: Profile, point: Point, *, seed: int, requests: int, duration_s: float | None) -> LoadPlan:
+    tuned = profile.model_copy(update={"knobs": point.to_knobs(profile.knobs)})
+    plan = build_load_plan(tuned, seed=seed, requests=requests, duration_s=duration_s)
+    # Closed loop: the number of clients is the concurrency knob (build_load_plan takes it from the workload).
+    plan.concurrency = point.concurrency
+    return plan
+
+
+def _summarize(profile: Profile, outcome: RunOutcome) -> Summary:
+    return summarize(outcome.records, slo=profile.slo, smooth=profile.smooth_goodput)
+
+
+class SimSegmentRunner:
+    """Segments on the embedded simulator (virtual time, seconds of wall time each)."""
+
+    variant: Variant = "sim"
+
+    def __init__(self, profile: Profile, calibration: Calibration, spec: TunerSpec | None = None) -> None:
+        self.profile = profile
+        self.calibration = calibration
+        self.spec = spec or profile.tuner
+        self.description = {"backend": "sim", "engine": "simulator", "calibration": calibration.name}
+
+    async def measure(self, point: Point, *, seed: int, fraction: float = 1.0) -> Measurement:
+        from core.backends.sim import SimBackend
+
+        wall_start = time.perf_counter()
+        min_requests = max(1, math.ceil(self.spec.sim_min_requests * fraction))
+        min_duration_s = self.spec.sim_min_duration_s * fraction
+        warmup = self.profile.workload.warmup_requests
+        knobs = point.to_knobs(self.profile.knobs)
+        # First run: enough requests for the count minimum with no time limit; if that finishes before the
+        # duration minimum, run again time-bound (longer), and so on until both minimums hold.
+        requests, duration_s = min_requests + warmup, None
+        summary: Summary | None = None
+        for _ in range(SIM_MAX_RUNS):
+            plan = _plan_for(self.profile, point, seed=seed, requests=requests, duration_s=duration_s)
+            outcome = await SimBackend(self.calibration, knobs, seed=seed).run(plan)
+            if outcome.interrupted:
+                raise TuneInterrupted
+            summary = _summarize(self.profile, outcome)
+            span = summary.window_s if math.isfinite(summary.window_s) else 0.0
+            if summary.requests >= min_requests and span >= min_duration_s:
+                break
+            rate = summary.requests / span if span > 0 else 0.0
+            needed_s = min_requests / rate if rate > 0 else min_duration_s
+            duration_s = max(min_duration_s, needed_s) * SIM_EXTEND_MARGIN
+            requests = UNBOUNDED_REQUESTS
+        return Measurement(summary=summary, wall_s=time.perf_counter() - wall_start)
+
+    async def close(self) -> None:
+        return None
+
+
+class LiveSegmentRunner:
+    """Segments on a vLLM that this runner starts with the segment's knobs and stops afterwards.
+
+    `backend` is a `VllmBackend` (start(knobs) / run / stop). A server that does not start, or dies during
+    the segment, gives a Measurement with the cause and no summary: the tuner scores it -inf and goes on.
+    The server is stopped in every case (finished, failed, Ctrl-C), by process group.
+    """
+
+    variant: Variant = "live"
+
+    def __init__(self, profile: Profile, backend: Backend, spec: TunerSpec | None = None) -> None:
+        self.profile = profile
+        self.backend: Any = backend
+        self.spec = spec or profile.tuner
+        self.description = backend.describe()
+
+    async def measure(self, point: Point, *, seed: int, fraction: float = 1.0) -> Measurement:
+        from core.serve.process import ServerStartError
+
+        wall_start = time.perf_counter()
+        measure_s = self.spec.measure_s * fraction
+        knobs = point.to_knobs(self.profile.knobs)
+        plan = _plan_for(
+            self.profile, point, seed=seed, requests=UNBOUNDED_REQUESTS, duration_s=self.spec.warmup_s + measure_s
+        )
+        # The warm-up is time-based live (sec. II-B: 10 s discarded); drop the workload's count-based one
+        # so the two do not add up.
+        plan.warmup_s = self.spec.warmup_s
+        plan.warmup_requests = 0
+        try:
+            try:
+                await self.backend.start(knobs)
+            except (ServerStartError, ProfileError) as exc:
+                # ProfileError here is UnsupportedKnob: this vLLM cannot express the point (e.g. speculation
+                # without a draft model). Like a failed start, the point is unusable and the search goes on.
+                return Measurement(None, time.perf_counter() - wall_start, error=f"server did not start: {exc}")
+            outcome = await self.backend.run(plan)
+        except asyncio.CancelledError:
+            raise TuneInterrupted from None
+        except ServerStartError as exc:
+            return Measurement(None, time.perf_counter() - wall_start, error=f"server did not start: {exc}")
+        finally:
+            await _stop_quietly(self.backend)
+        wall_s = time.perf_counter() - wall_start
+        if outcome.interrupted:
+            raise TuneInterrupted
+        notes = outcome.notes.get("vllm") or {}
+        if notes.get("state") == "crashed" or "server_lost" in outcome.notes:
+            cause = notes.get("crash") or "the server went away during the segment"
+            line = notes.get("log_line")
+            return Measurement(None, wall_s, error=f"server crashed: {cause}" + (f"; log says: {line}" if line else ""))
+        summary = _summarize(self.profile, outcome)
+        if summary.completed == 0:
+            return Measurement(summary, wall_s, error="no request completed in the measurement window")
+        return Measurement(summary, wall_s, notes={"startup_s": notes.get("startup_s")})
+
+    async def close(self) -> None:
+        await _stop_quietly(self.backend)
+
+
+async def _stop_quietly(backend: Any) -> None:
+    """Stop the server even while a cancellation is pending: shield the stop so Ctrl-C cannot leave a vLLM
+    process group behind (the stop itself signals the group and waits for it)."""
+    stop = getattr(backend, "stop", None) or backend.close
+    task = asyncio.ensure_future(stop())
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        await task
+        raise
+    except BackendUnavailable:
+        pass
