@@ -126,7 +126,7 @@ class LiveSegmentRunner:
         self.description = backend.describe()
 
     async def measure(self, point: Point, *, seed: int, fraction: float = 1.0) -> Measurement:
-        from core.serve.process import ServerStartError
+        ServerStartError = _server_start_error()
 
         wall_start = time.perf_counter()
         measure_s = self.spec.measure_s * fraction
@@ -167,6 +167,20 @@ class LiveSegmentRunner:
 
     async def close(self) -> None:
         await _stop_quietly(self.backend)
+
+
+def _server_start_error() -> type[BaseException]:
+    """The live path's "server did not become ready" error (core.serve.process), resolved lazily so the
+    simulator-only tuner does not import the process manager."""
+    try:
+        from core.serve.process import ServerStartError
+    except ImportError:  # pragma: no cover - a checkout without the live path
+        return _NoServerStartError
+    return ServerStartError
+
+
+class _NoServerStartError(Exception):
+    """Stands in for ServerStartError where the live path is not installed (nothing raises it)."""
 
 
 async def _stop_quietly(backend: Any) -> None:
