@@ -113,13 +113,13 @@ class MonitorView(Vertical):
             "warn" if (waiting or 0) > 0 else "neutral",
         )
         power = finite(engine.get("power_w"))
-        basis = s.energy_basis or "not measured"
         energy = s.energy_wh
-        self.query_one("#kpi-power", KpiTile).show(
-            num(power, 0),
-            f"{num(energy, 1)} Wh, {basis}" if energy is not None else basis,
-            "neutral",
+        power_tile = self.query_one("#kpi-power", KpiTile)
+        # Say where the watts come from: the calibration's power model on the simulator, a meter live.
+        power_tile.border_title = {"modelled": "power W model", "measured": "power W meter"}.get(
+            s.energy_basis or "", "power W"
         )
+        power_tile.show(num(power, 0), f"energy {num(energy, 1)} Wh" if energy is not None else "not measured")
 
     def _plots(self, s: Session) -> None:
         series = s.series

@@ -129,3 +129,5 @@ class ProcessView(Vertical):
         log = self.query_one("#process-log", Log)
         log.clear()
         log.write_lines(lines)
+        # The newest line matters most: keep the view on the end once the new lines are laid out.
+        self.call_after_refresh(log.scroll_end, animate=False)

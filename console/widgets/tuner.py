@@ -45,13 +45,12 @@ class TunerView(Vertical):
             yield KpiTile("segments used", id="tune-segments")
             yield KpiTile("time left", id="tune-left")
         yield Static(id="tune-best-knobs")
-        with Horizontal(id="tuner-body"):
-            yield DataTable(id="trajectory", zebra_stripes=True, cursor_type="row")
-            with Vertical(id="tuner-plots"):
-                with Vertical(classes="plot-box", id="box-tune-p99"):
-                    yield TimePlot(id="plot-tune-p99")
-                with Vertical(classes="plot-box", id="box-tune-goodput"):
-                    yield TimePlot(id="plot-tune-goodput")
+        yield DataTable(id="trajectory", zebra_stripes=True, cursor_type="row")
+        with Horizontal(id="tuner-plots"):
+            with Vertical(classes="plot-box", id="box-tune-p99"):
+                yield TimePlot(id="plot-tune-p99")
+            with Vertical(classes="plot-box", id="box-tune-goodput"):
+                yield TimePlot(id="plot-tune-goodput")
 
     def on_mount(self) -> None:
         table = self.query_one("#trajectory", DataTable)
