@@ -99,6 +99,27 @@ def test_out_dir_keeps_events_requests_and_summary(tmp_path: Path) -> None:
     requests = (out / "requests.jsonl").read_text().splitlines()
     assert len(requests) == 200
     assert (out / "events.jsonl").read_text().splitlines()[-1] == proc.stdout.splitlines()[-1]
+    # The factsheet: JSON valid against the published schema, Markdown with the headline and every section.
+    import jsonschema
+
+    from core.factsheet import SCHEMA_PATH
+
+    factsheet = json.loads((out / "factsheet.json").read_text())
+    jsonschema.validate(factsheet, json.loads(SCHEMA_PATH.read_text()), cls=jsonschema.Draft202012Validator)
+    assert factsheet["performance"]["e2e"]["p99_s"] == pytest.approx(summary["p99_s"], abs=1e-6)
+    page = (out / "factsheet.md").read_text()
+    for heading in (
+        "## Headline",
+        "## System",
+        "## Configuration",
+        "## Workload",
+        "## Performance",
+        "## Sustainability",
+        "## Provenance",
+        "## Caveats",
+    ):
+        assert heading in page
+    assert "modelled" in page
 
 
 def test_batch_path_never_imports_textual() -> None:
