@@ -278,7 +278,8 @@ class TunerSpec(Strict):
 
     algorithm: Literal["hillclimb", "halving", "simrank"] = "hillclimb"  # hillclimb = the paper's Algorithm 1
     steps: Annotated[int, Field(ge=1)] = 8  # T, the step budget of the hill-climb
-    # Segment budget for the other algorithms; None: what the paper's hill-climb would use (steps x 8 + 1).
+    # Segment budget (final re-measurement included) for halving, simrank and guided live segments; None:
+    # what the paper's hill-climb would spend without reusing measurements (steps x 8 + 1).
     segment_budget: Annotated[int, Field(ge=2)] | None = None
     slo_penalty: Annotated[float, Field(ge=0)] = 5.0  # lambda
     min_gain: Annotated[float, Field(ge=0)] = 0.02  # delta
@@ -308,6 +309,9 @@ class TunerSpec(Strict):
     # configurations live (plus the baseline and the final re-measurement).
     guided: bool = False
     guided_verify: Annotated[int, Field(ge=1)] = 3
+    # Then, while the segment budget lasts, climb live from the best verified point over simulator-ranked
+    # moves (simrank): a simulator that is wrong about this machine is corrected by measurement.
+    guided_refine: bool = True
     # simrank: how many simulator-ranked neighbours are measured per step.
     simrank_top: Annotated[int, Field(ge=1)] = 2
 

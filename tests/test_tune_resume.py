@@ -141,3 +141,30 @@ def test_resume_of_another_run_is_refused_with_exit_2(tmp_path: Path) -> None:
     )
     assert second.returncode == 2
     assert "different run" in second.stderr and "--resume" in second.stderr
+
+
+def test_ctrl_c_stops_with_130_keeps_the_journal_and_resume_finishes(tmp_path: Path) -> None:
+    profile = slow_profile(tmp_path)
+    out = tmp_path / "run"
+    journal = out / "tune-journal.jsonl"
+    proc = subprocess.Popen(
+        tune_command(profile, out), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.monotonic() + 120
+    while len(journal_segments(journal)) < 3 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before Ctrl-C; make its segments longer"
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    last = events(stdout)[-1]
+    assert last["event"] == "summary" and last["interrupted"] is True
+    assert "--resume" in stderr
+    kept = journal_segments(journal)
+    assert len(kept) >= 3
+    resumed = subprocess.run(
+        tune_command(profile, out, "--resume"), cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    sources = [e["source"] for e in events(resumed.stdout) if e["event"] == "tune_segment"]
+    assert sources.count("journal") == len(kept)

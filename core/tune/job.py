@@ -87,7 +87,7 @@ def _start_point(profile: Profile, space: KnobSpace) -> Point:
 async def _search(
     algorithm: str,
     evaluator: Evaluator,
-    guide: Evaluator,
+    ranker: Evaluator,
     space: KnobSpace,
     start: Point,
     spec: TunerSpec,
@@ -98,7 +98,7 @@ async def _search(
     if algorithm == "halving":
         return await successive_halving(evaluator, space, start, sink=sink)
     if algorithm == "simrank":
-        return await simrank_climb(evaluator, guide, space, start, sink=sink)
+        return await simrank_climb(evaluator, ranker, space, start, sink=sink)
     raise ProfileError(f"tuner.algorithm {algorithm!r}: unknown; use hillclimb, halving or simrank")
 
 
@@ -155,8 +155,11 @@ async def run_tune(
             resume=resume,
         )
     target = Evaluator(target_runner, spec, slo_s, seed=seed, journal=journal, sink=sink, budget=budget)
-    # The guide never writes the journal: its segments are cheap and a replay recomputes them identically.
+    # Simulator evaluators never write the journal: their segments are cheap and a replay recomputes them
+    # identically. `guide` runs a guided search's simulator phase (its count is what the same search would
+    # have spent live); `ranker` only ranks moves for simrank and is no search's cost.
     guide = Evaluator(sim_runner, spec, slo_s, seed=seed, sink=None, label="guide")
+    ranker = Evaluator(sim_runner, spec, slo_s, seed=seed, sink=None, label="rank")
     sink(
         make_event(
             "start",
@@ -182,10 +185,25 @@ async def run_tune(
     try:
         if guided and backend_kind == "vllm":
             guide.sink = sink  # the console shows the simulator phase too (world "sim" in the events)
-            sim_search = await _search(algorithm, guide, guide, space, start, spec, sink)
+            target.budget = default_budget(spec) - 1
+            sim_search = await _search(algorithm, guide, ranker, space, start, spec, sink)
             search = await verify_live(target, start, sim_search, verify=spec.guided_verify, sink=sink)
+            if spec.guided_refine and target.budget_left() > 0 and search.best is not None and search.best.ok:
+                refined = await simrank_climb(
+                    target,
+                    ranker,
+                    space,
+                    search.best.point,
+                    sink=sink,
+                    first_step=len(search.steps),
+                    algorithm=f"guided-{algorithm}-refine",
+                )
+                search.steps.extend(refined.steps)
+                search.stopped_by = refined.stopped_by
+                search.best = target.best()
+                search.candidates = refined.candidates
         else:
-            search = await _search(algorithm, target, guide, space, start, spec, sink)
+            search = await _search(algorithm, target, ranker, space, start, spec, sink)
         if search.best is not None and search.best.ok:
             target.budget = None  # the final re-measurement is part of every algorithm's budget already
             final = await target.evaluate(search.best.point, phase="final", step=0, force=True)

@@ -9,9 +9,10 @@ to 8 segments per step. Two answers, both keeping the paper's score, step sizes 
 `simrank`  a hill-climb whose candidate moves are ranked by the calibrated simulator before any is
            measured: the paper's seven neighbours plus the diagonal moves (several knobs at once, up to 53
            in all). Only the `simrank_top` most promising are measured, the next ones only if none of those
-           earns a move (the paper's move rule). A step costs about 1 + top segments instead of 8, so the
-           same budget walks further, and the diagonals cross ridges where no single knob helps (more
-           clients are useless without more batch slots, and the other way round).
+           earns a move (the paper's move rule), and never more than the paper's 7 per step. A step
+           costs about 1 + top segments instead of 8, so the same budget walks further, and the
+           diagonals cross ridges where no single knob helps (more clients are useless without more
+           batch slots, and the other way round).
 
 Both answer with the best full-length segment of the run (every measured point is a candidate, not only
 the current ones), and both stop early when a local climb finds no improving neighbour.
@@ -29,7 +30,8 @@ from core.tune.score import Segment
 
 HALVING_ETA = 3  # keep a third each round; rounds measure 1/9, 1/3, then the full window
 HALVING_FRACTIONS = (1 / 9, 1 / 3, 1.0)
-MAX_STEPS = 200  # a guard; the budget or convergence ends a search long before
+MAX_STEPS = 200
+SIMRANK_MAX_PER_STEP = 7  # a guard; the budget or convergence ends a search long before
 
 
 def _levels(values: list[int], count: int) -> list[int]:
@@ -180,14 +182,17 @@ async def simrank_climb(
     start: Point,
     *,
     sink: EventSink | None = None,
+    first_step: int = 1,
+    algorithm: str = "simrank",
 ) -> SearchResult:
-    """Hill-climb with simulator-ranked neighbours (see the module docstring)."""
+    """Hill-climb with simulator-ranked neighbours (see the module docstring). `first_step` numbers the
+    steps (and journal keys) after those of an earlier phase, e.g. guided verification."""
     spec = evaluator.spec
     top = spec.simrank_top
-    result = SearchResult(algorithm="simrank", best=None)
+    result = SearchResult(algorithm=algorithm, best=None)
     point = start
     try:
-        for step in range(1, MAX_STEPS + 1):
+        for step in range(first_step, first_step + MAX_STEPS):
             current = await evaluator.evaluate(point, phase="search", step=step)
             neighbours = space.compound_neighbours(point)
             predicted = {}
@@ -198,6 +203,9 @@ async def simrank_climb(
             best_neighbour: Point | None = None
             best_score = -math.inf
             moved, reason = False, "no neighbour measured"
+            # At most as many measured per step as the paper's step measures (its 7 neighbours): past that
+            # the simulator's ranking has failed for this point, and the climb stops here.
+            order = order[:SIMRANK_MAX_PER_STEP]
             for offset in range(0, len(order), top):
                 for neighbour in order[offset : offset + top]:
                     measured = await evaluator.evaluate(neighbour, phase="search", step=step)
@@ -206,9 +214,9 @@ async def simrank_climb(
                 moved, reason = move_decision(current.score, best_score, current.p99_s, evaluator.slo_s, spec.min_gain)
                 if moved:
                     measured_count = min(offset + top, len(order))
-                    reason += f" (measured {measured_count} of {len(order)} simulator-ranked neighbours)"
+                    reason += f" (measured {measured_count} of the {len(neighbours)} simulator-ranked moves)"
                     break
-            _record(result, sink, "simrank", evaluator, step, point, current, best_neighbour, best_score, moved, reason)
+            _record(result, sink, algorithm, evaluator, step, point, current, best_neighbour, best_score, moved, reason)
             if not moved or best_neighbour is None:
                 result.stopped_by = "converged"
                 break
