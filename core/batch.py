@@ -120,8 +120,12 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
 
     if args.job == "tune":
         return _run_tune_job(args, profile, sink)
+    if args.job == "calibrate":
+        return _run_calibrate_job(args, profile, sink)
     if args.job != "run":
-        raise ProfileError(f"--job {args.job}: not available in this version; use --job run or --job tune")
+        raise ProfileError(
+            f"--job {args.job}: not available in this version; use --job run, --job tune or --job calibrate"
+        )
     backend = make_backend(args.backend, profile, seed=args.seed, url=args.url)  # type: ignore[arg-type]
     options = RunOptions(seed=args.seed, requests=args.requests, duration_s=args.duration_s)
 
@@ -203,6 +207,38 @@ def _run_tune_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     return EXIT_OK
 
 
+def _run_calibrate_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
+    """--job calibrate: sweep the live server, fit the simulator's model (core/calibrate); the calibration
+    YAML goes to --out, else runs/calibrate-<profile>/."""
+    from core.calibrate.job import CalibrationFailed, run_calibrate
+
+    out_dir = args.out if args.out is not None else _prepare_out(Path("runs") / f"calibrate-{profile.name}")
+    assert out_dir is not None
+    command = " ".join(args.argv) if args.argv else "slo-console --batch --job calibrate"
+    try:
+        result = asyncio.run(
+            _run_cancellable(
+                lambda: run_calibrate(
+                    profile, backend_kind=args.backend, url=args.url, sink=sink, out_dir=out_dir, command=command
+                )
+            )
+        )
+    except CalibrationFailed as exc:
+        log.error("calibration failed: %s", exc)
+        return EXIT_FAILED
+    if result.interrupted or result.calibration is None or result.fit is None:
+        log.warning("interrupted: no calibration written; the points measured so far are in %s", out_dir)
+        return EXIT_INTERRUPTED
+    log.info(
+        "%s: calibration written to %s (%d observations, RMS error %.1f%%)",
+        profile.name,
+        result.path,
+        len(result.fit.observations),
+        100 * result.fit.rms_relative_error,
+    )
+    return EXIT_OK
+
+
 def _write_factsheet(args: BatchArgs, result: Any) -> None:
     from core.factsheet.run import write_run_factsheet
 
@@ -212,6 +248,15 @@ def _write_factsheet(args: BatchArgs, result: Any) -> None:
 
 def run_batch(args: BatchArgs, stdout: IO[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="slo-console: %(message)s", stream=sys.stderr)
+    # httpx and httpcore log every request at INFO; a live run sends thousands.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.backend == "vllm":
+        # SIGTERM/SIGHUP unwind like Ctrl-C, so the atexit hook stops the vLLM process group we start.
+        from core.serve.process import install_termination_handlers
+
+        with contextlib.suppress(ValueError):  # not the main thread (an embedding caller): keep its handlers
+            install_termination_handlers()
     stdout = stdout or sys.stdout
     try:
         profile = load_profile(args.profile)
