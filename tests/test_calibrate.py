@@ -268,3 +268,16 @@ def test_engine_counters_from_captured_vllm_metrics() -> None:
     assert counters.count("prefill_time") > 0 and counters.prompt_tokens > 0
     nothing = counters.since(counters)
     assert nothing.count("itl") == 0 and nothing.mean("itl") is None
+
+
+def test_shipped_measured_calibration_loads_and_drives_the_simulator() -> None:
+    """profiles/vllm-cpu-tiny-sim.yaml points at the calibration measured on the CPU vLLM."""
+    from core.backends.sim import SimBackend, run_to_completion
+    from core.workload import build_load_plan
+
+    profile = load_profile("profiles/vllm-cpu-tiny-sim.yaml")
+    calibration = load_calibration(profile)
+    assert calibration == read_calibration(Path("profiles/calibrations/vllm-cpu-tiny.yaml"))
+    assert calibration.block_size == 128 and calibration.max_model_len == 1024
+    outcome = run_to_completion(SimBackend(calibration, profile.knobs), build_load_plan(profile, requests=50))
+    assert sum(r.ok for r in outcome.records) == 50

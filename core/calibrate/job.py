@@ -228,7 +228,8 @@ def calibrate_from_sweep(
         noise_cv=noise_cv(sweep.points),
         default_acceptance=acceptance,
         max_model_len=max_len,
-        power=previous.power if previous else None,
+        # No power model: the profile's previous calibration may describe other hardware entirely.
+        power=None,
     )
     return fit, calibration, acceptance_length
 

