@@ -22,7 +22,7 @@ from core.tune.hillclimb import hill_climb, move_decision
 from core.tune.job import run_tune
 from core.tune.journal import Journal
 from core.tune.knobspace import KnobSpace, Point
-from core.tune.score import hw_cost, score
+from core.tune.score import Segment, hw_cost, score
 from core.tune.segment import Measurement
 
 PAPER = "profiles/slo-tuner-paper.yaml"
@@ -326,3 +326,25 @@ def test_live_tuning_restarts_per_segment_scores_failed_starts_minus_inf_and_sto
     assert result.baseline is not None and result.baseline.score == -math.inf
     assert result.final is not None and result.final.ok and result.final.point.effective_width == 0
     assert len([e for e in events if e["event"] == "tune_step"]) == 3
+
+
+def test_guided_verification_prefers_tail_headroom_and_skips_configurations_the_simulator_cannot_tell_apart() -> None:
+    from core.tune.guided import verify_live
+    from core.tune.hillclimb import SearchResult
+
+    def sim(point: Point, p99: float, goodput: float) -> Segment:
+        return Segment(key="s", point=point, phase="search", step=1, score=goodput, p99_s=p99, goodput_rps=goodput)
+
+    candidates = [
+        sim(Point(16, 16, 0, False), 1.1, 30.0),  # best simulated, but no tail headroom
+        sim(Point(6, 7, 0, False), 0.5, 14.0),
+        sim(Point(6, 8, 0, False), 0.5, 14.0),  # the same result as 6/7: one question, asked once
+        sim(Point(4, 4, 0, False), 0.4, 10.0),
+    ]
+    runner = SurfaceRunner()
+    target = Evaluator(runner, SPEC, 1.2, seed=0)
+    result = asyncio.run(
+        verify_live(target, START, SearchResult("simrank", None, candidates=candidates), verify=2, headroom=0.5)
+    )
+    assert runner.calls == [START, Point(6, 7, 0, False), Point(4, 4, 0, False)]
+    assert result.best is not None and result.best.point in runner.calls

@@ -26,13 +26,30 @@ async def verify_live(
     sim_result: SearchResult,
     *,
     verify: int,
+    headroom: float = 1.0,
     sink: EventSink | None = None,
 ) -> SearchResult:
     result = SearchResult(algorithm=f"guided-{sim_result.algorithm}", best=None, stopped_by="verified")
+    slo_s = target.slo_s
     baseline = await target.evaluate(start, phase="baseline", step=0)
-    picks: list[Segment] = [
+    usable = [
         seg for seg in sim_result.candidates if seg.point.config_key != start.config_key and math.isfinite(seg.score)
-    ][:verify]
+    ]
+    # Within headroom first (best simulated score among those), then the rest: a simulator that is
+    # optimistic about the tail would otherwise send every verification to the edge of the SLO.
+    limit = headroom * slo_s
+    ordered = [s for s in usable if s.p99_s <= limit] + [s for s in usable if not s.p99_s <= limit]
+    # Configurations the simulator cannot tell apart (identical results: e.g. batch slots beyond the number
+    # of clients) would spend live segments on one question; verify one of each.
+    picks: list[Segment] = []
+    outcomes: set[tuple[float, float]] = set()
+    for seg in ordered:
+        outcome = (round(seg.p99_s, 6), round(seg.goodput_rps, 6))
+        if outcome not in outcomes:
+            outcomes.add(outcome)
+            picks.append(seg)
+        if len(picks) == verify:
+            break
     best: Segment = baseline
     _step(result, sink, target, 0, baseline, None, "baseline (the starting configuration)", moved=False)
     for rank, predicted in enumerate(picks, start=1):

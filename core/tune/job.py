@@ -22,7 +22,7 @@ from core.events import EventSink, make_event
 from core.profile import ClosedLoopArrival, Profile, ProfileError, TunerSpec, load_calibration, profile_hash
 from core.tune.evaluator import Evaluator
 from core.tune.guided import verify_live
-from core.tune.hillclimb import SearchResult, hill_climb
+from core.tune.hillclimb import SearchResult, hill_climb, ranked
 from core.tune.journal import Journal
 from core.tune.knobspace import KnobSpace, Point
 from core.tune.score import Segment
@@ -187,7 +187,16 @@ async def run_tune(
             guide.sink = sink  # the console shows the simulator phase too (world "sim" in the events)
             target.budget = default_budget(spec) - 1
             sim_search = await _search(algorithm, guide, ranker, space, start, spec, sink)
-            search = await verify_live(target, start, sim_search, verify=spec.guided_verify, sink=sink)
+            if spec.guided_headroom < 1.0:
+                # The search saw only its own path; to find configurations with tail headroom, the
+                # simulator (seconds per segment) sweeps the whole space. Not a cost the search would have.
+                sweep = Evaluator(sim_runner, spec, slo_s, seed=seed, label="sweep")
+                for point in space.distinct_configs(start):
+                    await sweep.evaluate(point, phase="sweep", step=0)
+                sim_search.candidates = ranked(guide.history + sweep.history)
+            search = await verify_live(
+                target, start, sim_search, verify=spec.guided_verify, headroom=spec.guided_headroom, sink=sink
+            )
             if spec.guided_refine and target.budget_left() > 0 and search.best is not None and search.best.ok:
                 refined = await simrank_climb(
                     target,
