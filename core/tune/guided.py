@@ -54,15 +54,15 @@ async def verify_live(
     _step(result, sink, target, 0, baseline, None, "baseline (the starting configuration)", moved=False)
     for rank, predicted in enumerate(picks, start=1):
         live = await target.evaluate(predicted.point, phase="verify", step=rank)
-        better = live.score > best.score
+        better = target.best() is live
         reason = (
             f"simulator rank {rank} (sim score {predicted.score:.2f}); live score "
-            f"{'beats' if better else 'does not beat'} the best so far"
+            f"{'beats' if better else 'does not beat'} the best so far (SLO first, then score)"
         )
         _step(result, sink, target, rank, live, predicted, reason, moved=better)
         if better:
             best = live
-    result.best = best
+    result.best = target.best() or best
     result.candidates = sorted(target.history, key=lambda s: -s.score if math.isfinite(s.score) else math.inf)
     return result
 
