@@ -15,9 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Operator console for LLM serving against a latency SLO (vLLM or the embedded simulator).",
         epilog="Exit codes: 0 ok, 2 bad usage or profile, 3 backend unavailable, 4 run failed, 130 interrupted.",
     )
-    parser.add_argument(
-        "--batch", action="store_true", help="run headless: JSON Lines on stdout, logs on stderr"
-    )
+    parser.add_argument("--batch", action="store_true", help="run headless: JSON Lines on stdout, logs on stderr")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile YAML path or shipped name")
     parser.add_argument(
         "--job",
@@ -34,12 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--url", help="base URL of a running OpenAI-compatible server (with --backend url)")
     parser.add_argument("--seed", type=int, help="override the profile's seed")
     parser.add_argument("--requests", type=int, help="override the number of requests")
-    parser.add_argument(
-        "--duration", type=float, dest="duration_s", help="stop sending after this many seconds"
-    )
-    parser.add_argument(
-        "--out", type=Path, help="write events.jsonl, requests.jsonl, summary.json, factsheet.*"
-    )
+    parser.add_argument("--duration", type=float, dest="duration_s", help="stop sending after this many seconds")
+    parser.add_argument("--out", type=Path, help="write events.jsonl, requests.jsonl, summary.json, factsheet.*")
     parser.add_argument(
         "--resume", action="store_true", help="--job tune: continue the journal in --out (finished segments are kept)"
     )
