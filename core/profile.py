@@ -52,9 +52,7 @@ class EmpiricalLength(Strict):
     weights: list[Annotated[float, Field(ge=0)]] | None = None
 
 
-LengthDist = Annotated[
-    FixedLength | LognormalLength | UniformLength | EmpiricalLength, Field(discriminator="dist")
-]
+LengthDist = Annotated[FixedLength | LognormalLength | UniformLength | EmpiricalLength, Field(discriminator="dist")]
 
 
 # ---------------------------------------------------------------- arrivals
@@ -375,9 +373,7 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     for candidate in (PROFILES_DIR / path, PROFILES_DIR / f"{path}.yaml", PROFILES_DIR / path.name):
         if candidate.exists():
             return candidate
-    raise ProfileError(
-        f"{name_or_path}: profile not found; give a path to a YAML file or a name from {PROFILES_DIR}"
-    )
+    raise ProfileError(f"{name_or_path}: profile not found; give a path to a YAML file or a name from {PROFILES_DIR}")
 
 
 def _read_yaml(path: Path) -> Any:
@@ -419,9 +415,7 @@ def resolve_relative(profile: Profile, ref: str) -> Path:
     for candidate in candidates:
         if candidate.exists():
             return candidate
-    raise ProfileError(
-        f"{ref}: file named in the profile not found (looked in {', '.join(map(str, candidates))})"
-    )
+    raise ProfileError(f"{ref}: file named in the profile not found (looked in {', '.join(map(str, candidates))})")
 
 
 def load_calibration(profile: Profile) -> Calibration:

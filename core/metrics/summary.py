@@ -198,9 +198,7 @@ def summarize(
     output_tokens = int(out.output_tokens[ok].sum())
     defined_idle = _defined(out.idle_s)
 
-    per_task = {
-        name: _task_summary(out, out.task_code == code, window) for code, name in enumerate(out.task_names)
-    }
+    per_task = {name: _task_summary(out, out.task_code == code, window) for code, name in enumerate(out.task_names)}
     return Summary(
         requests=requests,
         completed=completed,

@@ -330,9 +330,7 @@ class SimEngine:
         self.decode_rate += req.tokens_per_step
         heapq.heappush(self.decode_heap, (req.finish_step, req.admitted_order, req))
 
-    def _run_chunks(
-        self, req: _Req, last_step: int, total_tokens: int
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+    def _run_chunks(self, req: _Req, last_step: int, total_tokens: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Chunk times and sizes of one run of a request: its prefill step, then one chunk per decode step."""
         first = req.prefill_end_step
         times = self.step_times[first : last_step + 1]

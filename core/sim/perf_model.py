@@ -25,8 +25,7 @@ class StepTimeModel:
     def from_calibration(cls, calibration: Calibration) -> StepTimeModel:
         return cls(
             tuple(
-                (t.base_s, t.per_token_s, t.per_ctx_token_s, t.per_spec_step_s, t.per_seq_s)
-                for t in calibration.terms
+                (t.base_s, t.per_token_s, t.per_ctx_token_s, t.per_spec_step_s, t.per_seq_s) for t in calibration.terms
             )
         )
 
