@@ -370,7 +370,10 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     path = Path(name_or_path)
     if path.exists():
         return path
-    for candidate in (PROFILES_DIR / path, PROFILES_DIR / f"{path}.yaml", PROFILES_DIR / path.name):
+    # A name: the working directory's profiles/ (a checkout), then the profiles installed with slo-console.
+    local = Path.cwd() / "profiles"
+    candidates = (local / f"{path}.yaml", PROFILES_DIR / path, PROFILES_DIR / f"{path}.yaml", PROFILES_DIR / path.name)
+    for candidate in candidates:
         if candidate.exists():
             return candidate
     raise ProfileError(f"{name_or_path}: profile not found; give a path to a YAML file or a name from {PROFILES_DIR}")
