@@ -101,6 +101,7 @@ def _write_requests(path: Path, records: list[Any]) -> None:
                         "warmup": r.warmup,
                         "scheduled_s": round(r.scheduled_s, 6),
                         "arrival_s": round(r.arrival_s, 6),
+                        "sent_s": None if r.sent_s is None else round(r.sent_s, 6),
                         "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 6),
                         "e2e_s": None if r.e2e_s is None else round(r.e2e_s, 6),
                         "prompt_tokens": r.prompt_tokens,

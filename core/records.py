@@ -66,7 +66,10 @@ class RequestRecord:
     prompt_tokens: int
     max_tokens: int
     scheduled_s: float  # when the workload wanted it sent
-    arrival_s: float  # when it was actually sent (latencies are measured from here, like vllm bench)
+    # Latencies are measured from here: when the client was ready to send it. That is the send time (as in
+    # vllm bench), except that waiting for a slot under an open-loop in-flight cap counts: a cap that only
+    # moves the queue into the client must not look like a latency win (the tuner would exploit it).
+    arrival_s: float
     status: Status = Status.OK
     end_s: float | None = None
     output_tokens: int = 0
@@ -78,6 +81,7 @@ class RequestRecord:
     warmup: bool = False
     preemptions: int = 0
     client_id: int | None = None
+    sent_s: float | None = None  # when it actually left the client (after any in-flight cap)
 
     @property
     def ok(self) -> bool:

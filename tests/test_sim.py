@@ -183,8 +183,11 @@ def test_closed_loop_keeps_exactly_n_clients_in_flight() -> None:
 def test_open_loop_in_flight_cap_queues_client_side() -> None:
     plan = LoadPlan(requests=specs(10, 20, 50), mode="open", concurrency=2)
     records = SimEngine(tiny_calibration(), KnobsSpec(max_num_seqs=64), plan).run()
-    late = [r for r in records if r.arrival_s > r.scheduled_s + 1e-9]
+    late = [r for r in records if r.sent_s is not None and r.sent_s > r.scheduled_s + 1e-9]
     assert len(late) == 8  # everyone after the first two waited for a free slot
+    # ...and that wait is part of their latency: a client-side cap must not hide queueing from the SLO.
+    assert all(r.arrival_s == r.scheduled_s for r in records)
+    assert min(r.e2e_s for r in late) > max(r.e2e_s for r in records if r not in late)
 
 
 def test_too_long_request_fails_with_a_reason_and_the_run_goes_on() -> None:

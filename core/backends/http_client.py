@@ -394,17 +394,27 @@ class StreamingClient:
             client_id=spec.client_id,
         )
 
-    async def send(self, spec: RequestSpec, run_start: float, record: RequestRecord | None = None) -> RequestRecord:
+    async def send(
+        self,
+        spec: RequestSpec,
+        run_start: float,
+        record: RequestRecord | None = None,
+        *,
+        ready_s: float | None = None,
+    ) -> RequestRecord:
         """Send one request now and fill `record` (created from `spec` if not given).
 
-        `run_start` is the time.perf_counter() value of the run's time zero. On cancellation the record
-        is marked CANCELLED and the CancelledError propagates.
+        `run_start` is the time.perf_counter() value of the run's time zero. `ready_s` (run clock) is when
+        the client was ready to send it, if it then waited for an in-flight slot: latency counts from there
+        (see RequestRecord.arrival_s). On cancellation the record is marked CANCELLED and the CancelledError
+        propagates.
         """
         if record is None:
             record = self.new_record(spec)
         body = self.request_body(spec)
         stream = _StreamState(self.continuous_usage)
-        record.arrival_s = time.perf_counter() - run_start
+        record.sent_s = time.perf_counter() - run_start
+        record.arrival_s = record.sent_s if ready_s is None else ready_s
         try:
             async with asyncio.timeout(self.request_timeout_s):
                 await self._stream(body, run_start, stream)

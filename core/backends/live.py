@@ -339,12 +339,14 @@ class _LoadRun:
         return self.plan.duration_s is None or self.now() < self.plan.duration_s
 
     def _is_warmup(self, spec: RequestSpec, ordinal: int) -> bool:
-        return spec.warmup or ordinal < self.plan.warmup_requests or self.now() < self.plan.warmup_s
+        # By the scheduled time (closed loop: the send time), so a client running late on a busy machine
+        # marks the same requests as warm-up as an on-time one would (and as the simulator does).
+        return spec.warmup or ordinal < self.plan.warmup_requests or spec.arrival_s < self.plan.warmup_s
 
-    async def _execute(self, spec: RequestSpec, ordinal: int) -> None:
+    async def _execute(self, spec: RequestSpec, ordinal: int, ready_s: float | None = None) -> None:
         record = self.client.new_record(spec, warmup=self._is_warmup(spec, ordinal))
         try:
-            await self.client.send(spec, self.start, record)
+            await self.client.send(spec, self.start, record, ready_s=ready_s)
         finally:
             # Also on cancellation: the record then says CANCELLED and still counts.
             self.records.append(record)
@@ -393,7 +395,8 @@ class _LoadRun:
                 self.not_sent += 1  # still queued client-side when sending stopped: never offered
                 return
             self.queue_waits.append(waited)
-            await self._execute(spec, ordinal)
+            # The wait for a slot counts in the request's latency (RequestRecord.arrival_s).
+            await self._execute(spec, ordinal, ready_s=dispatched)
 
     async def _closed_loop(self) -> None:
         requests = iter(self.plan.requests)

@@ -45,7 +45,7 @@ INITIAL_STEPS = 1 << 16
 @dataclass(slots=True)
 class _Req:
     spec: RequestSpec
-    sent_s: float
+    latency_from_s: float  # RequestRecord.arrival_s
     prompt_left: int  # prompt tokens still to prefill (includes recomputed output after preemption)
     context: int = 0  # tokens held in KV for this request
     out_left: int = 0  # output tokens still to produce
@@ -57,6 +57,7 @@ class _Req:
     preemptions: int = 0
     done_runs: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
     alive: bool = True  # False once preempted out of the decode heap (lazy heap deletion)
+    sent_s: float = 0.0  # when it actually left the client
 
 
 class SimEngine:
@@ -164,7 +165,11 @@ class SimEngine:
                 f"exceeds max_model_len {self.max_model_len}",
             )
             return
-        req = _Req(spec=spec, sent_s=t, prompt_left=spec.prompt_tokens, out_left=spec.output_tokens)
+        # Latency starts when the client was ready to send (the scheduled time for a request that waited for
+        # an open-loop in-flight slot), see RequestRecord.arrival_s; `t` is when it actually left.
+        req = _Req(
+            spec=spec, latency_from_s=scheduled, sent_s=t, prompt_left=spec.prompt_tokens, out_left=spec.output_tokens
+        )
         acceptance = spec.acceptance if spec.acceptance is not None else self.calibration.default_acceptance
         if self.width > 0:
             acceptance = self._draw_acceptance(acceptance)
@@ -359,7 +364,7 @@ class SimEngine:
             times = np.concatenate([r[0] for r in runs])
             sizes = np.concatenate([r[1] if r[1] is not None else np.ones(len(r[0]), np.int64) for r in runs])
         end = float(self.step_times[step])
-        self._emit(req.spec, req.sent_s, end, times, sizes, Status.OK, None, req.preemptions)
+        self._emit(req.spec, req.latency_from_s, req.sent_s, end, times, sizes, Status.OK, None, req.preemptions)
 
     def _preempt_until_fits(self, step: int) -> None:
         """Recompute preemption of the newest running requests until the KV cache fits (vLLM V1)."""
@@ -382,6 +387,7 @@ class SimEngine:
             self.waiting.appendleft(
                 _Req(
                     spec=victim.spec,
+                    latency_from_s=victim.latency_from_s,
                     sent_s=victim.sent_s,
                     prompt_left=victim.spec.prompt_tokens + victim.generated,
                     out_left=victim.spec.output_tokens - victim.generated,
@@ -397,6 +403,7 @@ class SimEngine:
     def _emit(
         self,
         spec: RequestSpec,
+        latency_from: float,
         sent: float,
         end: float,
         times: np.ndarray | None,
@@ -412,7 +419,8 @@ class SimEngine:
             prompt_tokens=spec.prompt_tokens,
             max_tokens=spec.output_tokens,
             scheduled_s=spec.arrival_s,
-            arrival_s=sent,
+            arrival_s=latency_from,
+            sent_s=sent,
             status=status,
             end_s=end,
             output_tokens=spec.output_tokens if status is Status.OK else 0,
@@ -429,7 +437,7 @@ class SimEngine:
             self.on_record(record)
 
     def _finish_failed(self, spec: RequestSpec, t: float, error: str) -> None:
-        self._emit(spec, t, t, None, None, Status.ERROR, error, 0)
+        self._emit(spec, t, t, t, None, None, Status.ERROR, error, 0)
 
     # ------------------------------------------------------------ driving
 
