@@ -104,6 +104,21 @@ class TuneState:
         return max(0, self.budget_segments - self.segments_used) * per_segment
 
 
+# Sliding-window metrics plotted over time (from progress events) and engine gauges (from engine events).
+WINDOW_SERIES = (
+    "p50_s",
+    "p95_s",
+    "p99_s",
+    "ttft_p99_s",
+    "tpot_p99_s",
+    "goodput_rps",
+    "throughput_rps",
+    "smooth_goodput",
+    "slo_attainment",
+)
+ENGINE_SERIES = ("running", "waiting", "kv_usage", "power_w")
+
+
 @dataclass
 class Session:
     """Everything the panels show, folded from the event stream of the current run and tuner."""
@@ -133,21 +148,7 @@ class Session:
     series: dict[str, Series] = field(default_factory=dict)
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
 
-    SERIES = (
-        "p50_s",
-        "p95_s",
-        "p99_s",
-        "ttft_p99_s",
-        "tpot_p99_s",
-        "goodput_rps",
-        "throughput_rps",
-        "smooth_goodput",
-        "slo_attainment",
-        "running",
-        "waiting",
-        "kv_usage",
-        "power_w",
-    )
+    SERIES = (*WINDOW_SERIES, *ENGINE_SERIES)
 
     def __post_init__(self) -> None:
         self.series = {name: Series() for name in self.SERIES}
@@ -201,17 +202,7 @@ class Session:
         self.failed = int(event.get("failed") or 0)
         window = event.get("window") or {}
         self.window = dict(window)
-        for name in (
-            "p50_s",
-            "p95_s",
-            "p99_s",
-            "ttft_p99_s",
-            "tpot_p99_s",
-            "goodput_rps",
-            "throughput_rps",
-            "smooth_goodput",
-            "slo_attainment",
-        ):
+        for name in WINDOW_SERIES:
             self.series[name].add(t_s, window.get(name))
 
     def _on_engine(self, event: Event, wall_s: float | None) -> None:

@@ -101,6 +101,10 @@ def energy_from_counter(
             device=device,
         )
     joules = increase * joules_per_unit
+    return _measured(joules, window_s, update_period_s, method, device)
+
+
+def _measured(joules: float, window_s: float, update_period_s: float, method: str, device: str | None) -> EnergyReading:
     return EnergyReading(
         joules=joules,
         avg_power_w=joules / window_s,
@@ -139,15 +143,7 @@ def energy_from_power(
     joules = 0.0
     for (t0, p0), (t1, p1) in itertools.pairwise(points):
         joules += 0.5 * (p0 + p1) * (t1 - t0)
-    return EnergyReading(
-        joules=joules,
-        avg_power_w=joules / window_s,
-        window_s=window_s,
-        basis="measured",
-        method=method,
-        device=device,
-        note=_weak_note(window_s, update_period_s),
-    )
+    return _measured(joules, window_s, update_period_s, method, device)
 
 
 def sum_readings(
