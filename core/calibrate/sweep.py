@@ -348,53 +348,6 @@ async def _metrics_text(base_url: str) -> str | None:
     return response.text if response.status_code == 200 else None
 
 
-class VllmTarget:
-    """A vLLM this process starts and restarts with the sweep's knobs (`--backend vllm`)."""
-
-    name = "vllm"
-    can_change_knobs = True
-
-    def __init__(self, backend: Any) -> None:  # core.backends.vllm.VllmBackend (imported lazily by callers)
-        self.backend = backend
-
-    async def use(self, knobs: KnobsSpec) -> None:
-        from core.serve.process import ServerState
-
-        process = self.backend.server.process
-        if process is not None and process.state is ServerState.READY and self.backend.knobs == knobs:
-            return
-        if process is None:
-            await self.backend.start(knobs)
-        else:
-            await self.backend.restart(knobs)
-
-    async def run(self, plan: LoadPlan) -> RunOutcome:
-        return await self.backend.run(plan)
-
-    async def facts(self) -> ServerFacts:
-        from core.serve.process import read_log_tail
-        from core.serve.vllm_server import option_value
-
-        process = self.backend.server.process
-        log_lines = read_log_tail(process.log_path, 400) if process is not None else []
-        facts = await _server_facts(self.backend.base_url, log_lines)
-        if facts.max_model_len is None and process is not None:
-            value = option_value(process.argv or [], "--max-model-len")
-            if value and value.isdigit():
-                facts.sources["max_model_len"] = "server argv --max-model-len"
-                return ServerFacts(facts.kv_capacity_tokens, facts.block_size, int(value), facts.sources)
-        return facts
-
-    async def metrics_text(self) -> str | None:
-        return await _metrics_text(self.backend.base_url)
-
-    def describe(self) -> dict[str, Any]:
-        return self.backend.describe()
-
-    async def close(self) -> None:
-        await self.backend.close()
-
-
 class UrlTarget:
     """A running server (`--backend url`): measured with the knobs it was started with."""
 
@@ -421,6 +374,39 @@ class UrlTarget:
 
     async def close(self) -> None:
         await self.backend.close()
+
+
+class VllmTarget(UrlTarget):
+    """A vLLM this process starts and restarts with the sweep's knobs (`--backend vllm`); `backend` is a
+    core.backends.vllm.VllmBackend. Running, /metrics, describe and close are the UrlTarget's."""
+
+    name = "vllm"
+    can_change_knobs = True
+
+    async def use(self, knobs: KnobsSpec) -> None:
+        from core.serve.process import ServerState
+
+        process = self.backend.server.process
+        if process is not None and process.state is ServerState.READY and self.backend.knobs == knobs:
+            return
+        if process is None:
+            await self.backend.start(knobs)
+        else:
+            await self.backend.restart(knobs)
+
+    async def facts(self) -> ServerFacts:
+        from core.serve.process import read_log_tail
+        from core.serve.vllm_server import option_value
+
+        process = self.backend.server.process
+        log_lines = read_log_tail(process.log_path, 400) if process is not None else []
+        facts = await _server_facts(self.backend.base_url, log_lines)
+        if facts.max_model_len is None and process is not None:
+            value = option_value(process.argv or [], "--max-model-len")
+            if value and value.isdigit():
+                facts.sources["max_model_len"] = "server argv --max-model-len"
+                return ServerFacts(facts.kv_capacity_tokens, facts.block_size, int(value), facts.sources)
+        return facts
 
 
 class SimTarget:
