@@ -24,6 +24,10 @@ class Status(StrEnum):
     TIMEOUT = "timeout"
     CANCELLED = "cancelled"
     REJECTED = "rejected"  # refused by admission control (a policy decision, not a fault)
+    # Held in a scheduling mode's best-effort tier and never served before the run ended (a policy decision).
+    DEFERRED = "deferred"
+    # Still queued client-side when the run's duration ended: planned but never sent (the client's account).
+    NOT_SENT = "not_sent"
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +86,11 @@ class RequestRecord:
     preemptions: int = 0
     client_id: int | None = None
     sent_s: float | None = None  # when it actually left the client (after any in-flight cap)
+    # Scheduling mode's account (core/control): the tier it was served from ("high", "low", "best-effort"),
+    # the replica that served it, and when the controller released it to an engine (None: never released).
+    tier: str | None = None
+    replica: int | None = None
+    dispatched_s: float | None = None
 
     @property
     def ok(self) -> bool:
