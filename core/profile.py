@@ -274,10 +274,13 @@ class TunerSpec(Strict):
     its step within its bounds (clamped), plus the speculation toggle.
     """
 
-    algorithm: Literal["hillclimb", "halving", "simrank"] = "hillclimb"  # hillclimb = the paper's Algorithm 1
+    # guided: sweep the calibrated simulator, verify its picks, climb on measurements (core/tune/guided.py;
+    # the default, as it wins benchmarks/tuner_vs_grid.py); hillclimb = the paper's Algorithm 1.
+    algorithm: Literal["guided", "hillclimb", "halving", "simrank"] = "guided"
     steps: Annotated[int, Field(ge=1)] = 8  # T, the step budget of the hill-climb
-    # Segment budget (final re-measurement included) for halving, simrank and guided live segments; None:
-    # what the paper's hill-climb would spend without reusing measurements (steps x 8 + 1).
+    # Segment budget (final re-measurement included) for guided, halving, simrank and guided live segments;
+    # None: 16 for guided, else what the paper's hill-climb would spend without reusing measurements
+    # (steps x 8 + 1).
     segment_budget: Annotated[int, Field(ge=2)] | None = None
     slo_penalty: Annotated[float, Field(ge=0)] = 5.0  # lambda
     min_gain: Annotated[float, Field(ge=0)] = 0.02  # delta
