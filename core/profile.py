@@ -147,12 +147,19 @@ class WorkloadSpec(Strict):
 
 
 class SmoothGoodputSpec(Strict):
-    """Paper 003: benefit(r) = n_r - alpha * f(l_r), token i due at a + ttft_allow + (i-1)/V."""
+    """Paper 003: benefit(r) = n_r - alpha * f(l_r). Token i (from 1) is due at a + i/V (eq. 4), or, with a
+    first-token allowance, at a + ttft_allow + (i-1)/V (the first token may take ttft_allow, the rest follow
+    at the reader's speed)."""
 
     alpha: Annotated[float, Field(ge=0)] = 5.0
     reading_speed_tps: Annotated[float, Field(gt=0)] = 20.0
-    ttft_allow_s: Annotated[float, Field(ge=0)] = 1.0
+    ttft_allow_s: Annotated[float, Field(ge=0)] | None = None  # None: the paper's d_i = a + i/V
     penalty: Literal["linear", "quadratic", "log1p"] = "linear"
+
+    @property
+    def first_token_due_s(self) -> float:
+        """When the first token is due, after the request's arrival: 1/V (eq. 4), or the allowance."""
+        return 1.0 / self.reading_speed_tps if self.ttft_allow_s is None else self.ttft_allow_s
 
 
 # ---------------------------------------------------------------- knobs
