@@ -192,6 +192,23 @@ def test_busy_seconds_from_engine_samples() -> None:
     assert busy_seconds([], end_s=4.0) == 0.0
 
 
+def test_busy_seconds_from_the_engines_busy_counter_add_nothing_over_an_idle_gap() -> None:
+    def at(t: float, running: int, busy: float) -> EngineSample:
+        return EngineSample(time_s=t, running=running, waiting=0, kv_usage=0.0, extra={"busy_s": busy})
+
+    # Busy 0.4 s of the first 0.5 s interval, then a 30 s idle gap with no sample (the engine had nothing
+    # to do), then 0.2 s of work. Holding the running sample through the gap would count 30 s.
+    samples = [at(0.0, 1, 0.0), at(0.5, 1, 0.4), at(30.6, 1, 0.6)]
+    assert busy_seconds(samples, end_s=40.0) == pytest.approx(0.6)
+    assert busy_seconds(samples, start_s=0.5, end_s=40.0) == pytest.approx(0.2)
+    # Inside an interval the busy time comes first: by 10 s the engine has done the 0.2 s it had.
+    assert busy_seconds(samples, start_s=0.0, end_s=10.0) == pytest.approx(0.6)
+    assert busy_seconds(samples, start_s=0.0, end_s=0.25) == pytest.approx(0.2, abs=0.06)
+    # A half-busy window draws half the dynamic power, not peak.
+    reading = modelled_energy(PowerModel(idle_w=50, peak_w=300), busy_s=busy_seconds(samples), window_s=1.2)
+    assert reading.avg_power_w == pytest.approx(50 + 250 * 0.5)
+
+
 def test_modelled_meter_needs_the_simulators_figures() -> None:
     meter = ModelledEnergy(PowerModel(idle_w=10, peak_w=110), device="modelled L40S")
     meter.start()
