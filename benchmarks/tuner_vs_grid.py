@@ -48,8 +48,9 @@ from core.tune.evaluator import Evaluator
 from core.tune.guided import guided_search
 from core.tune.hillclimb import hill_climb
 from core.tune.job import knob_space
+from core.tune.knobspace import Point
 from core.tune.search import simrank_climb, successive_halving
-from core.tune.segment import SimSegmentRunner
+from core.tune.segment import Measurement, SimSegmentRunner
 
 ALGORITHMS = ("hillclimb", "halving", "simrank", "guided")
 BUDGET = 16  # truth ("live-equivalent") segments, final re-measurement included
@@ -113,7 +114,11 @@ SCENARIOS = [
     ),
     Scenario("7b closed 3s", "adaserve-mix", 3.0, {**CLOSED, "tasks": chat(512, 128, 256)}, 8),
     Scenario(
-        "7b poisson 4s", "adaserve-mix", 4.0, {"arrival": {"kind": "poisson", "rate_rps": 5}, "tasks": chat(512, 128, 256)}, 9
+        "7b poisson 4s",
+        "adaserve-mix",
+        4.0,
+        {"arrival": {"kind": "poisson", "rate_rps": 5}, "tasks": chat(512, 128, 256)},
+        9,
     ),
     Scenario("cpu tiny 1.5s", "slo-tuner-cpu", 1.5, {**CLOSED, "tasks": chat(32, 64, 64)}, 10),
     Scenario("cpu tiny 0.4s", "slo-tuner-cpu", 0.4, {**CLOSED, "tasks": chat(32, 64, 64)}, 11),
@@ -176,16 +181,49 @@ def build(scenario: Scenario) -> tuple[Profile, Profile, Calibration, Calibratio
     return truth, guide, truth_cal, guide_cal
 
 
-def evaluator(profile: Profile, calibration: Calibration, budget: int | None = None) -> Evaluator:
-    spec = profile.tuner
-    runner = SimSegmentRunner(profile, calibration, spec)
-    return Evaluator(runner, spec, profile.slo.e2e_s or 0.0, seed=profile.seed, budget=budget)
+class CachedRunner:
+    """A simulator runner that remembers every measurement by (configuration, fraction, seed). Same
+    configuration and seed give the same segment anyway (common random numbers), so the grid's segments
+    serve the searches without running again; each search still counts every segment it asks for."""
+
+    variant = "sim"
+
+    def __init__(self, profile: Profile, calibration: Calibration) -> None:
+        self.inner = SimSegmentRunner(profile, calibration, profile.tuner)
+        self.description = self.inner.description
+        self.cache: dict[tuple[Any, ...], Measurement] = {}
+
+    async def measure(self, point: Point, *, seed: int, fraction: float = 1.0) -> Measurement:
+        key = (point.config_key, fraction, seed)
+        if key not in self.cache:
+            self.cache[key] = await self.inner.measure(point, seed=seed, fraction=fraction)
+        return self.cache[key]
+
+    async def close(self) -> None:
+        return None
 
 
-async def _grid(profile: Profile, calibration: Calibration) -> dict[tuple[int, int, int], tuple[float, float]]:
+class AskedEvaluator(Evaluator):
+    """Counts the distinct configurations a search asked the guide about, and their simulator wall time."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.asked: dict[tuple[tuple[int, int, int], float], float] = {}
+
+    async def evaluate(self, point: Point, *, phase: str, step: int, fraction: float = 1.0, force: bool = False):
+        segment = await super().evaluate(point, phase=phase, step=step, fraction=fraction, force=force)
+        self.asked[(point.config_key, fraction)] = segment.wall_s
+        return segment
+
+
+def evaluator(profile: Profile, runner: CachedRunner, budget: int | None = None, cls: type = Evaluator) -> Evaluator:
+    return cls(runner, profile.tuner, profile.slo.e2e_s or 0.0, seed=profile.seed, budget=budget)
+
+
+async def _grid(profile: Profile, runner: CachedRunner) -> dict[tuple[int, int, int], tuple[float, float]]:
     """(score, p99) of every reachable configuration."""
     space, start = knob_space(profile, profile.tuner)
-    world = evaluator(profile, calibration)
+    world = evaluator(profile, runner)
     cells = {}
     for point in space.distinct_configs(start):
         seg = await world.evaluate(point, phase="grid", step=0)
@@ -193,33 +231,32 @@ async def _grid(profile: Profile, calibration: Calibration) -> dict[tuple[int, i
     return cells
 
 
-async def _search(algorithm: str, truth: Profile, guide_profile: Profile, truth_cal: Calibration, guide_cal: Calibration):
+async def _search(
+    algorithm: str, truth: Profile, guide_profile: Profile, truth_run: CachedRunner, guide_run: CachedRunner
+):
     space, start = knob_space(truth, truth.tuner)
-    target = evaluator(truth, truth_cal, None if algorithm == "hillclimb" else BUDGET - 1)
-    guide = evaluator(guide_profile, guide_cal)
+    target = evaluator(truth, truth_run, None if algorithm == "hillclimb" else BUDGET - 1)
+    guide = evaluator(guide_profile, guide_run, cls=AskedEvaluator)
     if algorithm == "hillclimb":
         result = await hill_climb(target, space, start, steps=truth.tuner.steps)
-        answer = result.best
     elif algorithm == "halving":
         result = await successive_halving(target, space, start)
-        answer = result.best
     elif algorithm == "simrank":
         result = await simrank_climb(target, guide, space, start)
-        answer = result.best
     else:
         result = await guided_search(target, guide, space, start)
-        answer = result.best
-    assert answer is not None
-    sim_wall = sum(seg.wall_s for seg in guide.history)
-    return answer.point.config_key, target.used + 1, guide.used, sim_wall  # + the final re-measurement
+    assert result.best is not None
+    sim_wall = sum(guide.asked.values())
+    return result.best.point.config_key, target.used + 1, len(guide.asked), sim_wall  # + the final re-measurement
 
 
 def run_scenario(index: int) -> dict[str, Any]:
     scenario = SCENARIOS[index]
     truth, guide_profile, truth_cal, guide_cal = build(scenario)
+    truth_run, guide_run = CachedRunner(truth, truth_cal), CachedRunner(guide_profile, guide_cal)
     started = time.perf_counter()
-    grid = asyncio.run(_grid(truth, truth_cal))
-    guide_grid = asyncio.run(_grid(guide_profile, guide_cal))
+    grid = asyncio.run(_grid(truth, truth_run))
+    guide_grid = asyncio.run(_grid(guide_profile, guide_run))
     misses = [
         abs(guide_grid[key][1] / grid[key][1] - 1)
         for key in grid
@@ -241,10 +278,16 @@ def run_scenario(index: int) -> dict[str, Any]:
         "guide_optimum": max(guide_grid, key=lambda k: guide_grid[k][0]),
     }
     for algorithm in ALGORITHMS:
-        key, used, sim_evals, sim_wall = asyncio.run(_search(algorithm, truth, guide_profile, truth_cal, guide_cal))
+        key, used, sim_evals, sim_wall = asyncio.run(_search(algorithm, truth, guide_profile, truth_run, guide_run))
         share = grid[key][0] / optimum if optimum > 0 else math.nan
-        row[algorithm] = {"share": share, "meets": grid[key][1] <= slo, "used": used, "sim": sim_evals,
-                          "sim_wall": sim_wall, "knobs": key}
+        row[algorithm] = {
+            "share": share,
+            "meets": grid[key][1] <= slo,
+            "used": used,
+            "sim": sim_evals,
+            "sim_wall": sim_wall,
+            "knobs": key,
+        }
     row["wall_s"] = time.perf_counter() - started
     return row
 
@@ -263,8 +306,10 @@ def main() -> int:
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         rows = list(pool.map(run_scenario, indices))
-    print("| scenario | guide p99 miss, median / max | grid optimum (score, c/s/w) | baseline |"
-          + "".join(f" {a} |" for a in ALGORITHMS))
+    print(
+        "| scenario | guide p99 miss, median / max | grid optimum (score, c/s/w) | baseline |"
+        + "".join(f" {a} |" for a in ALGORITHMS)
+    )
     print("|" + "---|" * (4 + len(ALGORITHMS)))
     for row in rows:
         cells = [

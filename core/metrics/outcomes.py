@@ -113,8 +113,9 @@ def _chunk_pass(
     """First-chunk time, delivered tokens and max lateness per request, plus ITL gaps of ok requests.
 
     Lateness of token i is t_i - d_i with d_i = a + first + (i - 1)/V, where first = 1/V gives paper 003's
-    eq. 4 (d_i = a + i/V) and a first-token allowance, if the profile sets one, replaces it. Inside one chunk t is constant and d grows with i, so the
-    maximum over a chunk's tokens is at its first token: only chunk starts are evaluated.
+    eq. 4 (d_i = a + i/V) and a first-token allowance, if the profile sets one, replaces it. Inside one
+    chunk t is constant and d grows with i, so the maximum over a chunk's tokens is at its first token:
+    only chunk starts are evaluated.
     """
     n = len(times_list)
     first = np.empty(n)

@@ -131,9 +131,9 @@ async def guided_search(
             live = await target.evaluate(predicted.point, phase="verify", step=rank)
             better = target.best() is live
             reason = (
-                f"simulator's best within {predicted_share(predicted, target.slo_s):.2f} x SLO "
-                f"(sim p99 {predicted.p99_s:.3f} s, score {predicted.score:.2f}); measured score "
-                f"{'beats' if better else 'does not beat'} the best so far (SLO first, then score)"
+                f"simulator pick {rank}: sim p99 {predicted.p99_s:.3f} s "
+                f"({predicted_share(predicted, target.slo_s):.2f} x SLO), sim score {predicted.score:.2f}; "
+                f"measured {'beats' if better else 'does not beat'} the best so far (SLO first, then score)"
             )
             _step(result, sink, target, rank, live, predicted, reason, moved=better)
         best = target.best()
