@@ -17,12 +17,26 @@ def make_backend(
     seed: int | None = None,
     url: str | None = None,
     speed: float | None = None,
+    mode: str | None = None,
 ) -> Backend:
+    """`mode` overrides the profile's scheduling mode (core/control/modes.py); an unknown one raises
+    ProfileError naming the modes there are."""
     if kind == "sim":
         from core.backends.sim import SimBackend
+        from core.control.modes import ModeContext, make_policy
 
+        calibration = load_calibration(profile)
+        run_seed = profile.seed if seed is None else seed
+        mode_name = mode or profile.mode
+        context = ModeContext(profile=profile, calibration=calibration, replicas=profile.replicas, seed=run_seed)
+        make_policy(mode_name, context)  # refuse an unknown mode before anything runs
         return SimBackend(
-            load_calibration(profile), profile.knobs, seed=profile.seed if seed is None else seed, speed=speed
+            calibration,
+            profile.knobs,
+            seed=run_seed,
+            speed=speed,
+            policy_factory=None if mode_name == "fcfs" else lambda: make_policy(mode_name, context),
+            replicas=profile.replicas,
         )
     if kind == "url":
         if not url:
