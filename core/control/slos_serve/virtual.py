@@ -30,7 +30,7 @@ class Tracked:
     decode_start_s: float | None = None
 
     def as_plan(self) -> PlanRequest:
-        prefill = max(0, int(round(self.prefill_left)))
+        prefill = max(0, round(self.prefill_left))
         done = self.decode_total - self.decode_left
         # PlanRequest's pace counts from the next token: shift the start past the tokens already produced.
         start = self.decode_start_s if self.decode_start_s is not None else self.prefill_deadline_s
@@ -40,7 +40,7 @@ class Tracked:
             self.request_id,
             self.prefill_deadline_s,
             prefill,
-            max(0, int(round(self.decode_left))),
+            max(0, round(self.decode_left)),
             self.tpot_s,
             self.kv_tokens,
             context_tokens=int(self.prompt_tokens - prefill + generated),
