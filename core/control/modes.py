@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.control.policy import Policy
+from core.control.slos_serve.policy import SlosServePolicy
 from core.profile import Calibration, Profile, ProfileError
 
 
@@ -31,6 +32,9 @@ def _fcfs(ctx: ModeContext) -> Policy:
 # Insertion order is the order of `--job compare`'s table: the baseline first.
 MODES: dict[str, PolicyFactory] = {
     "fcfs": _fcfs,
+    "slos-serve": lambda ctx: SlosServePolicy(
+        ctx.calibration, ctx.profile.knobs, ctx.profile.slos_serve, replicas=ctx.replicas
+    ),
 }
 
 
