@@ -418,3 +418,34 @@ def test_auto_meter_picks_rapl_when_readable(powercap: Path) -> None:
 def test_auto_meter_rejects_unknown_kinds() -> None:
     with pytest.raises(ValueError, match="unknown meter kind"):
         auto_meter("tpu")  # type: ignore[arg-type]
+
+
+def test_a_sparse_simulator_run_is_charged_its_busy_time_not_its_idle_gaps() -> None:
+    """Issue 12 item 5: 20 requests at 0.2 req/s leave the engine idle most of the window; the modelled
+    energy is idle power over the window plus the dynamic range over the engine's own busy seconds."""
+    import asyncio
+
+    from core.backends.sim import SimBackend
+    from core.factsheet.run import modelled_run_energy
+    from core.jobs import RunOptions, run_workload
+    from core.profile import load_calibration, load_profile
+
+    profile = load_profile("quickstart")
+    arrival = profile.workload.arrival.model_copy(update={"rate_rps": 0.2})
+    profile = profile.model_copy(
+        update={"workload": profile.workload.model_copy(update={"arrival": arrival, "warmup_requests": 0})}
+    )
+    calibration = load_calibration(profile)
+    backend = SimBackend(calibration, profile.knobs, seed=1)
+    result = asyncio.run(run_workload(profile, backend, lambda event: None, RunOptions(requests=20)))
+    power = calibration.power
+    assert power is not None
+    reading = modelled_run_energy(result)
+    assert reading is not None and reading.basis == "modelled"
+    window = result.summary.window_s
+    busy = result.outcome.notes["busy_s"]
+    assert busy < 0.2 * window  # sparse: mostly idle
+    assert reading.joules == pytest.approx(power.idle_w * window + (power.peak_w - power.idle_w) * busy, rel=0.02)
+    # Sample power follows utilisation: not the peak whenever a request is running.
+    running = [s.power_w for s in result.outcome.samples if s.running > 0 and s.power_w is not None]
+    assert running and min(running) < power.peak_w
