@@ -20,7 +20,7 @@ Searches (a truth segment stands for one live segment: a vLLM restart, warm-up a
              simrank climb in the truth (the default, core/tune/guided.py)
 halving, simrank and guided get BUDGET truth segments, the final re-measurement included.
 
-    python benchmarks/tuner_vs_grid.py [--scenarios N] [--jobs J]
+    python benchmarks/tuner_vs_grid.py [--scenarios N] [--jobs J] [--cache DIR]
 
 Segments are shortened (tuner.sim_min_requests 400 / 30 s) so that the grids run in minutes.
 """
@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import math
 import os
+import pickle
 import statistics
 import sys
 import time
@@ -56,6 +57,7 @@ ALGORITHMS = ("hillclimb", "halving", "simrank", "guided")
 BUDGET = 16  # truth ("live-equivalent") segments, final re-measurement included
 GOAL_SHARE = 0.95
 TUNER = {"sim_min_requests": 400, "sim_min_duration_s": 30.0}
+CACHE_ENV = "TUNER_VS_GRID_CACHE"
 TRUTH_SEED_OFFSET = 1000  # the truth's noise seed differs from the guide's
 # Calibration error: each coefficient times exp(N(0, sigma)), clipped; acceptance shifted, noise scaled.
 COEFF_SIGMA = 0.45
@@ -254,6 +256,9 @@ def run_scenario(index: int) -> dict[str, Any]:
     scenario = SCENARIOS[index]
     truth, guide_profile, truth_cal, guide_cal = build(scenario)
     truth_run, guide_run = CachedRunner(truth, truth_cal), CachedRunner(guide_profile, guide_cal)
+    cache = Path(os.environ[CACHE_ENV]) / f"scenario-{index}.pickle" if os.environ.get(CACHE_ENV) else None
+    if cache is not None and cache.exists():
+        truth_run.cache, guide_run.cache = pickle.loads(cache.read_bytes())
     started = time.perf_counter()
     grid = asyncio.run(_grid(truth, truth_run))
     guide_grid = asyncio.run(_grid(guide_profile, guide_run))
@@ -289,6 +294,9 @@ def run_scenario(index: int) -> dict[str, Any]:
             "knobs": key,
         }
     row["wall_s"] = time.perf_counter() - started
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_bytes(pickle.dumps((truth_run.cache, guide_run.cache)))
     return row
 
 
@@ -301,7 +309,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", type=int, default=len(SCENARIOS))
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        help="keep every simulator segment here and reuse it on the next run (the worlds are deterministic: "
+        "a re-run with changed searches re-scores them without re-simulating the grids)",
+    )
     args = parser.parse_args()
+    if args.cache is not None:
+        os.environ[CACHE_ENV] = str(args.cache)
     indices = list(range(min(args.scenarios, len(SCENARIOS))))
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:

@@ -170,7 +170,9 @@ async def test_a_fast_event_stream_coalesces_into_few_redraws() -> None:
 
 
 def small_tuner() -> TunerSpec:
-    return TunerSpec(steps=2, sim_min_duration_s=20.0, sim_min_requests=200)
+    # The paper's hill-climb, 2 steps: rows arrive step by step (the default guided search sweeps the
+    # simulator before its first row; tests/test_tune.py runs it on this profile).
+    return TunerSpec(algorithm="hillclimb", steps=2, sim_min_duration_s=20.0, sim_min_requests=200)
 
 
 async def test_tuner_on_the_simulator_shows_trajectory_rows_as_they_arrive() -> None:

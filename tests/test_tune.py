@@ -415,22 +415,36 @@ def test_guided_verification_prefers_tail_headroom_and_skips_configurations_the_
 # ------------------------------------------------------------------ the default: guided search
 
 
-def test_guided_picks_the_simulators_best_within_each_headroom_rung_once_per_distinct_result() -> None:
-    from core.tune.guided import ladder_picks
+def test_guided_picks_correct_the_simulators_p99_by_its_measured_error() -> None:
+    from core.tune.guided import latency_ratio, next_pick
 
     def sim(point: Point, p99: float, goodput: float) -> Segment:
         return Segment(key="s", point=point, phase="sweep", step=0, score=goodput, p99_s=p99, goodput_rps=goodput)
 
-    swept = [
-        sim(START, 0.2, 99.0),  # the start is measured as the baseline anyway
-        sim(Point(16, 16, 0, False), 1.15, 30.0),  # best within 1.0 x SLO (1.2 s); ties go to the lower point
-        sim(Point(14, 16, 0, False), 1.15, 30.0),  # the same simulated result: one question
-        sim(Point(10, 10, 0, False), 0.85, 20.0),  # best within 0.75 x SLO
-        sim(Point(6, 7, 0, False), 0.55, 12.0),  # best within 0.5 x SLO
-        sim(Point(4, 4, 0, False), 0.3, 8.0),
-    ]
-    picks = ladder_picks(swept, 1.2, START, 3)
-    assert [p.point for p in picks] == [Point(14, 16, 0, False), Point(10, 10, 0, False), Point(6, 7, 0, False)]
+    swept = {
+        seg.point.config_key: seg
+        for seg in [
+            sim(START, 0.6, 8.0),
+            sim(Point(16, 16, 0, False), 1.1, 30.0),  # best as simulated, but at the edge of the 1.2 s SLO
+            sim(Point(14, 16, 0, False), 1.1, 30.0),  # the same simulated result
+            sim(Point(10, 10, 0, False), 0.5, 20.0),
+            sim(Point(4, 4, 0, False), 0.3, 8.0),
+        ]
+    }
+    target = Evaluator(SurfaceRunner(), SPEC, 1.2, seed=0)
+    assert latency_ratio([], swept) == 1.0
+    first = next_pick(swept, target, 1.0)
+    assert first is not None and first.point == Point(14, 16, 0, False)  # ties go to the lower configuration
+    # Measured: the start ran at twice the simulated p99. Scaled by 2, 16/16 would violate (2.2 s) while
+    # 10/10 (1.0 s) still meets the SLO: the next pick is 10/10.
+    measured = Segment(key="m", point=START, phase="baseline", step=0, score=1.0, p99_s=1.2, goodput_rps=8.0)
+    assert latency_ratio([measured], swept) == pytest.approx(2.0)
+    target.history.append(measured)
+    second = next_pick(swept, target, 2.0)
+    assert second is not None and second.point == Point(10, 10, 0, False)
+    # A configuration already measured, or one the simulator cannot tell from it, is not asked again.
+    target.history.append(dataclasses.replace(measured, point=Point(16, 16, 0, False)))
+    assert next_pick(swept, target, 1.0).point == Point(10, 10, 0, False)  # type: ignore[union-attr]
 
 
 def test_quickstart_default_tune_starts_from_the_users_knobs_and_ends_meeting_the_slo() -> None:
