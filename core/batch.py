@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from core.backends.base import BackendUnavailable
-from core.events import Event, to_json_line
+from core.events import Event, make_event, to_json_line
 from core.profile import Profile, ProfileError, load_profile
 
 EXIT_OK = 0
@@ -124,6 +124,8 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
         return _run_tune_job(args, profile, sink)
     if args.job == "calibrate":
         return _run_calibrate_job(args, profile, sink)
+    if args.job == "capacity":
+        return _run_capacity_job(args, profile, sink)
     if args.job != "run":
         raise ProfileError(
             f"--job {args.job}: not available in this version; use --job run, --job tune or --job calibrate"
@@ -159,6 +161,30 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     if result.summary.requests > 0 and result.summary.completed == 0:
         log.error("every request failed; see the error field in requests.jsonl (--out) for the cause")
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def _run_capacity_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
+    """--job capacity: each mode's highest rate at >= 90% SLO attainment, by bisection on the simulator."""
+    from core.capacity import format_table, run_capacity
+
+    if args.backend != "sim":
+        raise ProfileError("--job capacity bisects on the simulator; drop --backend")
+    results = asyncio.run(
+        _run_cancellable(lambda: run_capacity(profile, seed=args.seed, requests=args.requests, sink=sink))
+    )
+    table = format_table(profile, results)
+    log.info("%s", table)
+    final = make_event(
+        "summary",
+        job="capacity",
+        profile=profile.name,
+        replicas=profile.replicas,
+        modes={r.mode: r.fields() for r in results},
+    )
+    if args.out is not None:
+        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    sink(final)
     return EXIT_OK
 
 

@@ -346,6 +346,9 @@ class SlosServeSpec(Strict):
     max_spec_len: Annotated[int, Field(ge=0, le=16)] | None = None
     # Largest batch the planner forms (tokens); None: knobs.max_num_batched_tokens.
     max_batch_tokens: Annotated[int, Field(ge=1)] | None = None
+    # Algorithm 2's batch formation and the adaptive speculation inside the simulated engine; false:
+    # admission control only, in front of vLLM's own batching (what a live deployment gets).
+    batch_formation: bool = True
     # SLOs assumed for requests that carry none of their own.
     default_ttft_s: Annotated[float, Field(gt=0)] = 1.0
     default_tpot_s: Annotated[float, Field(gt=0)] = 0.1

@@ -32,6 +32,7 @@ from core.control.policy import (
     Verdict,
 )
 from core.control.slos_serve.admission import AdmissionPlanner, PlannerSettings, PlanRequest
+from core.control.slos_serve.stepping import SlosServeStepPlanner
 from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.profile import Calibration, KnobsSpec, SlosServeSpec
 from core.sim.perf_model import StepTimeModel
@@ -61,6 +62,7 @@ class SlosServePolicy(Policy):
         self.model = StepTimeModel.from_calibration(calibration)
         planner = AdmissionPlanner(self.model, self.planner_settings)
         self.virtual = [VirtualReplica(i, planner) for i in range(replicas)]
+        self.step_planners: dict[int, SlosServeStepPlanner] = {}
         self.routing_limit = min(replicas, s.routing_limit or replicas)
         self.pending = HeldQueue()  # arrived, waiting for the next scheduler invocation
         self.best_effort = HeldQueue()
@@ -129,6 +131,18 @@ class SlosServePolicy(Policy):
             wake = min(wake, oldest + self.settings.schedule_window_s)
         return wake
 
+    def step_planner(self, replica_index: int) -> SlosServeStepPlanner | None:
+        """Algorithm 2's batch formation and adaptive speculation inside the simulated replica (stepping.py);
+        None with `batch_formation: false` (admission control in front of vLLM's own batching)."""
+        if not self.settings.batch_formation:
+            return None
+        planner = SlosServeStepPlanner(self.model, self.planner_settings, self._slos)
+        self.step_planners[replica_index] = planner
+        return planner
+
+    def _slos(self, req: ControlledRequest) -> tuple[float, float]:
+        return self.ttft_s(req), self.tpot_s(req)
+
     def drain(self) -> list[ControlledRequest]:
         return self.pending.take_all() + self.best_effort.take_all()
 
@@ -140,6 +154,7 @@ class SlosServePolicy(Policy):
             "routing_limit": self.routing_limit,
             "schedule_window_s": s.schedule_window_s,
             "best_effort": s.best_effort,
+            "batch_formation": s.batch_formation,
             "max_spec_len": self.planner_settings.max_spec_len,
             "max_batch_tokens": self.planner_settings.max_batch_tokens,
             "invocations": self.invocations,
@@ -167,6 +182,9 @@ class SlosServePolicy(Policy):
             if not waiting:
                 break
             replica = self.virtual[(start + hop) % len(self.virtual)]
+            engine = self.step_planners.get(replica.index)
+            if engine is not None:
+                engine.sync(replica)
             by_id = {r.request_id: r for r in waiting}
             plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
             self.invocations += 1
@@ -175,6 +193,7 @@ class SlosServePolicy(Policy):
                 req = by_id.pop(rid)
                 req.tier = tier
                 req.state["routing_hops"] = hop + 1
+                req.state["plan_deadline_s"] = deadline_of[rid]
                 replica.add(self._tracked(req, deadline_of[rid], tier == TIER_BEST_EFFORT), now)
                 releases.append(Release(req, replica.index))
             waiting = [r for r in waiting if r.request_id in by_id]
