@@ -58,6 +58,7 @@ class SlosServePolicy(Policy):
             kv_capacity_tokens=calibration.kv_capacity_tokens,
             max_spec_len=max_spec,
             acceptance=calibration.default_acceptance,
+            knee_efficiency=s.knee_efficiency,
         )
         self.model = StepTimeModel.from_calibration(calibration)
         planner = AdmissionPlanner(self.model, self.planner_settings)

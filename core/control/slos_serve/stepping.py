@@ -105,6 +105,7 @@ class SlosServeStepPlanner:
             max_spec_len=self.settings.max_spec_len,
             acceptance=self.settings.acceptance,
             reference_counts=reference,
+            knee_efficiency=self.settings.knee_efficiency,
         )
         batch = form_batch(now, decodes, prefills, budget)
         plan = BatchPlan()
