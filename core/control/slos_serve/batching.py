@@ -74,8 +74,11 @@ def form_batch(
     end = now + plan.batch_time_s
     slo_decodes = sorted((d for d in decoding if not d.best_effort and d.tokens_left > 0), key=lambda d: d.next_due_s)
     later: list[DecodeTask] = []
-    for d in slo_decodes:  # Algorithm 2, lines 8-13: EDF over the decodes due in this batch
-        if d.next_due_s > end:
+    # Algorithm 2, lines 8-13: EDF over the decodes whose next token would be late if it waited for the
+    # next batch (one due before that batch could end).
+    next_end = end + plan.batch_time_s - 1e-9
+    for d in slo_decodes:
+        if d.next_due_s >= next_end:
             later.append(d)
             continue
         need = 1 + plan.spec_len[tiers[d.tpot_s]]

@@ -30,6 +30,10 @@ from core.control.slos_serve.budget import BudgetModel
 from core.control.slos_serve.virtual import VirtualReplica
 from core.sim.perf_model import StepTimeModel
 
+# The engine paces decodes at this share of their TPOT SLO: step times are noisy (the calibration's noise_cv)
+# and a request at exactly its pace misses its SLO on the first slow step.
+PACE_MARGIN = 0.9
+
 
 class SlosServeStepPlanner:
     """Forms every batch of one simulated replica (see the module docstring)."""
@@ -51,6 +55,7 @@ class SlosServeStepPlanner:
         req = item.req
         controlled = req.controlled
         ttft, tpot = self.slos(controlled) if controlled is not None else (1.0, 0.1)
+        tpot *= PACE_MARGIN
         deadline = req.latency_from_s + ttft
         if controlled is not None:
             deadline = controlled.state.get("plan_deadline_s", deadline)
