@@ -1,0 +1,213 @@
+"""SABER (paper 001): SLA-aware admission in front of a continuous-batching engine, online phase (sec. IV-C).
+
+Read beside the paper's Algorithm 1:
+- two-tier queue (sec. IV-C step 1): every arrival enters the high tier; its required speed is
+  max tokens / time left to its deadline, which grows while it waits. Once it exceeds the fastest speed the
+  engine can give one request, f(1), it can no longer meet its SLA and is demoted to the low tier;
+- admission (Algorithm 1 lines 5-16): take the first `window_size` requests of the high tier in a random
+  (seeded) order, admit the first whose required speed f(L+1) meets, provided f(L+1) also meets the
+  required speed recorded for every request already running on that replica; record its required speed;
+  repeat until no request in the window can be admitted;
+- low tier (lines 17-21) only while the high tier is empty, best-effort (see `_release_low`).
+
+The paper loops forever with a sleep delta between passes; here the controller calls `release` after every
+event (arrival, finish, timer), and between events nothing changes except that required speeds grow, which
+can only make a held request less admissible. So one call that admits until nothing more fits is the same
+loop with delta -> 0, and the only timer needed is the next demotion.
+
+Beyond the paper (single replica): with several replicas, a request goes to the least-loaded replica on
+which both conditions hold.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from core.control.policy import (
+    TIER_HIGH,
+    TIER_LOW,
+    ControlledRequest,
+    HeldQueue,
+    Policy,
+    Release,
+    ReplicaView,
+    Verdict,
+)
+from core.control.speed_model import SpeedModel
+
+REQUIRED_SPEED_KEY = "saber_required_tps"  # ControlledRequest.state: the speed recorded at admission
+
+
+def required_speed(max_tokens: int, deadline_s: float, now: float) -> float:
+    """Tokens per second a request needs from now on to finish its `max_tokens` by its deadline
+    (sec. IV-C step 1); infinite once the deadline has passed."""
+    remaining = deadline_s - now
+    if remaining <= 0:
+        return math.inf
+    return max_tokens / remaining
+
+
+class SaberPolicy(Policy):
+    name = "saber"
+    passthrough = False
+
+    def __init__(
+        self,
+        speed_model: SpeedModel,
+        *,
+        window_size: int = 4,
+        best_effort_max_load: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        if window_size < 1:
+            raise ValueError(f"window_size must be at least 1 (got {window_size})")
+        self.model = speed_model
+        self.fastest_tps = speed_model.fastest_tps
+        self.window_size = window_size
+        self.best_effort_max_load = best_effort_max_load
+        self.rng = np.random.default_rng(seed)
+        self.high = HeldQueue()
+        self.low = HeldQueue()
+        # (demotion time, request id, request): when a high-tier request's required speed passes f(1).
+        self._demotions: list[tuple[float, int, ControlledRequest]] = []
+        self.demoted = 0
+        self.admitted_high = 0
+        self.released_low = 0
+
+    # ------------------------------------------------------------ queue placement (sec. IV-C step 1)
+
+    def _max_tokens(self, req: ControlledRequest) -> int:
+        return req.spec.output_tokens
+
+    def _required(self, req: ControlledRequest, now: float) -> float:
+        return required_speed(self._max_tokens(req), req.deadline_s(), now)
+
+    def _demotion_time(self, req: ControlledRequest) -> float:
+        """When the required speed reaches f(1): deadline - max_tokens / f(1)."""
+        return req.deadline_s() - self._max_tokens(req) / self.fastest_tps
+
+    def on_arrival(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> Verdict:
+        if self._required(req, now) > self.fastest_tps:
+            req.tier = TIER_LOW
+            self.low.push(req)
+            self.demoted += 1
+            return Verdict.hold(TIER_LOW, reason="required speed above the fastest achievable f(1)")
+        req.tier = TIER_HIGH
+        self.high.push(req)
+        demote_at = self._demotion_time(req)
+        if math.isfinite(demote_at):
+            heapq.heappush(self._demotions, (demote_at, req.request_id, req))
+        return Verdict.hold(TIER_HIGH)
+
+    def _demote_due(self, now: float) -> None:
+        """Move high-tier requests whose required speed now exceeds f(1) to the low tier."""
+        heap = self._demotions
+        while heap and heap[0][0] < now:
+            _, _, req = heapq.heappop(heap)
+            if req.tier == TIER_HIGH and REQUIRED_SPEED_KEY not in req.state:
+                self.high.remove(req)
+                req.tier = TIER_LOW
+                self.low.push(req)
+                self.demoted += 1
+
+    def next_wakeup(self, now: float) -> float:
+        heap = self._demotions
+        while heap and (heap[0][2].tier != TIER_HIGH or REQUIRED_SPEED_KEY in heap[0][2].state):
+            heapq.heappop(heap)  # admitted or already demoted
+        # Just after the instant its required speed passes f(1) (`_demote_due` demotes strictly after it).
+        return math.nextafter(heap[0][0], math.inf) if heap else math.inf
+
+    # ------------------------------------------------------------ admission control (Algorithm 1)
+
+    def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
+        self._demote_due(now)
+        # Load and the highest recorded required speed per replica, kept current as this call admits.
+        loads = {r.index: r.load for r in replicas}
+        floor = {r.index: _max_recorded(r) for r in replicas}
+        releases: list[Release] = []
+        while True:
+            if len(self.high):  # line 5
+                admitted = self._admit_one(now, replicas, loads, floor)  # lines 6-16
+                if admitted is None:
+                    break  # nothing in the window fits now; the next event may change that
+                releases.append(admitted)
+            elif len(self.low):  # lines 18-20
+                released = self._release_low(replicas, loads, floor)
+                if released is None:
+                    break
+                releases.append(released)
+            else:
+                break
+        return releases
+
+    def _admit_one(
+        self, now: float, replicas: Sequence[ReplicaView], loads: dict[int, int], floor: dict[int, float]
+    ) -> Release | None:
+        window = self.high.head(self.window_size)
+        order = self.rng.permutation(len(window)) if len(window) > 1 else range(len(window))  # line 6
+        for i in order:  # line 7
+            req = window[int(i)]
+            needed = self._required(req, now)  # line 9
+            for index in sorted(loads, key=lambda k: (loads[k], k)):
+                predicted = self.model(loads[index] + 1)  # line 8
+                if predicted < needed or predicted < floor[index]:  # line 10
+                    continue
+                self.high.remove(req)  # line 13
+                req.state[REQUIRED_SPEED_KEY] = needed  # the paper records it with the timestamp
+                req.state["saber_admitted_s"] = now
+                loads[index] += 1
+                floor[index] = max(floor[index], needed)
+                self.admitted_high += 1
+                return Release(req, index)
+        return None
+
+    def _release_low(
+        self, replicas: Sequence[ReplicaView], loads: dict[int, int], floor: dict[int, float]
+    ) -> Release | None:
+        """Best-effort service of the low tier (lines 18-20), oldest first.
+
+        The paper dequeues one low-tier request per pass of its loop while the high tier is empty, without
+        a speed estimate. With no sleep between passes that would pour the whole low tier into the engine
+        at once, and the requests admitted next (which can still meet their SLAs) would then face a load at
+        which f(L+1) meets nobody. So "best-effort" here means: a low-tier request runs only where it takes
+        no speed an admitted request was promised, i.e. f(L+1) still meets every required speed recorded on
+        that replica (the second condition of line 10), and the replica's load stays below
+        `best_effort_max_load` (None: no cap beyond that condition and the engine's own max_num_seqs)."""
+        cap = self.best_effort_max_load
+        for index in sorted(loads, key=lambda k: (loads[k], k)):
+            if cap is not None and loads[index] >= cap:
+                continue
+            if self.model(loads[index] + 1) < floor[index]:
+                continue
+            req = self.low.pop_left()
+            loads[index] += 1
+            self.released_low += 1
+            return Release(req, index)
+        return None
+
+    def drain(self) -> list[ControlledRequest]:
+        self._demotions.clear()
+        return self.high.take_all() + self.low.take_all()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "mode": self.name,
+            "speed_model": self.model.describe(),
+            "fastest_tps": round(self.fastest_tps, 3),
+            "window_size": self.window_size,
+            "best_effort_max_load": self.best_effort_max_load,
+            "admitted_high": self.admitted_high,
+            "released_low": self.released_low,
+            "demoted": self.demoted,
+        }
+
+
+def _max_recorded(replica: ReplicaView) -> float:
+    """The highest required speed recorded at admission among the requests running on `replica`
+    (best-effort requests carry none)."""
+    return max((r.state.get(REQUIRED_SPEED_KEY, 0.0) for r in replica.in_flight.values()), default=0.0)
