@@ -29,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["sim", "vllm", "url"],
         help="sim: embedded simulator (default); vllm: launch a local vLLM; url: attach to --url",
     )
+    parser.add_argument(
+        "--mode",
+        help="scheduling mode (fcfs, saber, ...; default: the profile's `mode`); --job compare runs them all",
+    )
     parser.add_argument("--url", help="base URL of a running OpenAI-compatible server (with --backend url)")
     parser.add_argument("--seed", type=int, help="override the profile's seed")
     parser.add_argument("--requests", type=int, help="override the number of requests")
@@ -71,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
                 out=args.out,
                 argv=["slo-console", *argv],
                 resume=args.resume,
+                mode=args.mode,
             )
         )
     from console.app import run_app  # imported only here: the batch path never loads Textual

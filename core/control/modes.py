@@ -39,6 +39,8 @@ def _saber(ctx: ModeContext) -> Policy:
         speeds.models[spec.speed_model],
         window_size=spec.window_size,
         best_effort_max_load=spec.best_effort_max_load,
+        track_progress=spec.track_progress,
+        feasible_load=spec.feasible_load,
         seed=ctx.seed,
     )
 

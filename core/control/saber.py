@@ -62,14 +62,22 @@ class SaberPolicy(Policy):
         *,
         window_size: int = 4,
         best_effort_max_load: int | None = None,
+        track_progress: bool = False,
+        feasible_load: int = 1,
         seed: int = 0,
     ) -> None:
         if window_size < 1:
             raise ValueError(f"window_size must be at least 1 (got {window_size})")
         self.model = speed_model
-        self.fastest_tps = speed_model.fastest_tps
+        if feasible_load < 1:
+            raise ValueError(f"feasible_load must be at least 1 (got {feasible_load})")
+        self.feasible_load = feasible_load
+        # The demotion threshold: the paper's f(1), the fastest speed (feasible_load = 1); see SaberSpec.
+        self.fastest_tps = speed_model(feasible_load)
         self.window_size = window_size
         self.best_effort_max_load = best_effort_max_load
+        self.track_progress = track_progress
+        self._progress_at: dict[int, tuple[float, int]] = {}  # replica -> (last update, load since then)
         self.rng = np.random.default_rng(seed)
         self.high = HeldQueue()
         self.low = HeldQueue()
@@ -126,9 +134,13 @@ class SaberPolicy(Policy):
 
     def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
         self._demote_due(now)
-        # Load and the highest recorded required speed per replica, kept current as this call admits.
+        # Load and the highest required speed of a running request per replica, kept current as this call
+        # admits.
         loads = {r.index: r.load for r in replicas}
-        floor = {r.index: _max_recorded(r) for r in replicas}
+        if self.track_progress:
+            floor = {r.index: self._refreshed_floor(r, now) for r in replicas}
+        else:
+            floor = {r.index: _max_recorded(r) for r in replicas}
         releases: list[Release] = []
         while True:
             if len(self.high):  # line 5
@@ -143,7 +155,33 @@ class SaberPolicy(Policy):
                 releases.append(released)
             else:
                 break
+        if self.track_progress:
+            self._progress_at = {index: (now, load) for index, load in loads.items()}
         return releases
+
+    def _refreshed_floor(self, replica: ReplicaView, now: float) -> float:
+        """The speed the running requests on `replica` still need, from the recorded speed and timestamp.
+
+        The paper records each admitted request's required speed with the time of admission (sec. IV-C
+        step 2) and checks new admissions against it. Read literally, a request admitted just in time keeps
+        blocking admissions until it finishes, even once it is ahead of schedule. With `track_progress` the
+        policy estimates the tokens each running request has produced since admission by integrating its
+        own model, f(load) over the time at each load, and protects what is left: (max tokens - estimated
+        tokens) / time left. A running request that even f(1) can no longer bring in by its deadline is past
+        saving (the analogue of demotion for a queued request) and is no longer protected. This is our
+        reading, beyond the paper's text; the paper-literal check is `track_progress: false`."""
+        last_t, load = self._progress_at.get(replica.index, (now, replica.load))
+        gained = self.model(load) * max(0.0, now - last_t) if load else 0.0
+        floor = 0.0
+        for req in replica.in_flight.values():
+            if REQUIRED_SPEED_KEY not in req.state:
+                continue  # best-effort (low tier): promised nothing
+            done = req.state.get("saber_tokens_est", 0.0) + gained
+            req.state["saber_tokens_est"] = done
+            needed = required_speed(max(0, self._max_tokens(req) - int(done)), req.deadline_s(), now)
+            if needed <= self.fastest_tps and needed > floor:
+                floor = needed
+        return floor
 
     def _admit_one(
         self, now: float, replicas: Sequence[ReplicaView], loads: dict[int, int], floor: dict[int, float]
@@ -201,6 +239,8 @@ class SaberPolicy(Policy):
             "fastest_tps": round(self.fastest_tps, 3),
             "window_size": self.window_size,
             "best_effort_max_load": self.best_effort_max_load,
+            "track_progress": self.track_progress,
+            "feasible_load": self.feasible_load,
             "admitted_high": self.admitted_high,
             "released_low": self.released_low,
             "demoted": self.demoted,
