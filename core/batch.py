@@ -131,7 +131,7 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
         raise ProfileError(
             f"--job {args.job}: not available in this version; use --job run, tune, calibrate or compare"
         )
-    backend = make_backend(args.backend, profile, seed=args.seed, url=args.url)  # type: ignore[arg-type]
+    backend = make_backend(args.backend, profile, seed=args.seed, url=args.url, mode=args.mode)  # type: ignore[arg-type]
     options = RunOptions(seed=args.seed, requests=args.requests, duration_s=args.duration_s)
 
     async def job() -> Any:

@@ -124,7 +124,8 @@ class TraceSpec(Strict):
     path: str
     format: Literal["csv", "jsonl", "adaserve"] = "jsonl"
     time_scale: Annotated[float, Field(gt=0)] = 1.0  # multiply timestamps (0.5 = twice as fast)
-    # AdaServe artifact: slo_ratio scales this baseline per-token latency into a TPOT SLO.
+    # AdaServe artifact: a positive slo_ratio scales this baseline per-token latency into a TPOT SLO (a
+    # negative one is an absolute TPOT in milliseconds and needs no baseline).
     baseline_tpot_s: Annotated[float, Field(gt=0)] | None = None
 
 

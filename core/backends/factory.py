@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from core.backends.base import Backend, BackendUnavailable
-from core.profile import Profile, load_calibration
+from core.profile import Profile, ProfileError, load_calibration
 
 BackendKind = Literal["sim", "vllm", "url"]
 
@@ -17,7 +17,21 @@ def make_backend(
     seed: int | None = None,
     url: str | None = None,
     speed: float | None = None,
+    mode: str | None = None,
 ) -> Backend:
+    """`mode` (default: the profile's) on a live backend puts the admission gateway in front of the server
+    when it is not plain fcfs or when it is asked for explicitly (core/backends/gateway.py)."""
+    if mode is not None:
+        from core.control.modes import MODES
+
+        if mode not in MODES:
+            raise ProfileError(f"--mode {mode}: not available; choose one of: {', '.join(MODES)}")
+    live_mode = mode if mode is not None else (profile.mode if profile.mode != "fcfs" else None)
+    if kind in ("url", "vllm") and live_mode is not None:
+        from core.backends.gateway import GatewayBackend
+
+        inner = make_backend(kind, profile, seed=seed, url=url, speed=speed)
+        return GatewayBackend(inner, profile, live_mode)
     if kind == "sim":
         from core.backends.sim import SimBackend
 
