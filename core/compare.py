@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.backends.base import BackendUnavailable
 from core.events import EventSink, make_event, null_sink
 from core.jobs import RunOptions, RunResult, run_workload
 from core.metrics import Summary
@@ -86,7 +87,11 @@ async def run_mode(profile: Profile, mode: str, seed: int, options: RunOptions) 
         result = await run_workload(profile, backend, null_sink, options)
     finally:
         await backend.close()
-    return result, dict(result.outcome.notes.get("mode") or {"mode": mode})
+    ran = result.outcome.notes.get("mode")
+    if not isinstance(ran, dict) or ran.get("mode") != mode:
+        # A simulator without the controller seam would serve every mode as fcfs: refuse to report that.
+        raise BackendUnavailable(f"the simulator did not run mode {mode!r} (it reports {ran!r}); update slo-console")
+    return result, dict(ran)
 
 
 def _best_key(summary: Summary) -> tuple[float, float, float]:
