@@ -345,10 +345,10 @@ class SaberSpec(Strict):
     # Protect what running requests still need, estimated from f(L) since admission, instead of the speed
     # recorded at admission (see SaberPolicy._refreshed_floor; false is the paper's literal check).
     track_progress: bool = False
-    # Demote a queued request once its required speed exceeds f(feasible_load). 1 is the paper's rule (the
-    # fastest speed, one request alone); a larger value also treats as infeasible the requests that could
-    # only be served with the engine nearly to themselves.
-    feasible_load: Annotated[int, Field(ge=1)] = 1
+    # When a queued request counts as infeasible (demoted to the low tier): "fastest", the paper's rule, once
+    # its required speed exceeds f(1); "offered-load" (ours), once it exceeds f(L*), L* the concurrency the
+    # recent arrivals need (see SaberPolicy._feasible_speed).
+    feasibility: Literal["fastest", "offered-load"] = "fastest"
     # `--job compare`'s fcfs-best-static baseline: fcfs at each of these max_num_seqs, the best one kept
     # (the paper sweeps static caps 10-100 in steps of 10, sec. III-B).
     static_caps: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = Field(

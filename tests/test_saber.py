@@ -226,3 +226,35 @@ def test_speed_samples_use_the_load_seen_during_execution() -> None:
     assert by_speed[0] == pytest.approx((20.0, 2.0))  # B: 40 tokens / 2 s at load 2
     assert by_speed[1] == pytest.approx((25.0, 1.5))  # A: 100 tokens / 4 s at mean load 1.5
     assert len(speed_samples([_record(1, 0.0, 4.0, 100), _record(2, 2.0, 4.0, 40)], skip_first=1)) == 1
+
+
+def test_track_progress_protects_what_a_running_request_still_needs() -> None:
+    def newcomer_admitted(track: bool) -> bool:
+        policy = SaberPolicy(MODEL, track_progress=track)
+        replica = FakeReplica(0)
+        first = request(1, 950, 10.0)  # needs 95 tok/s; admitted alone (f(1) = 100)
+        policy.on_arrival(first, 0.0, [replica])
+        assert [r.request.request_id for r in policy.release(0.0, [replica])] == [1]
+        replica.in_flight[1] = first
+        # At t = 5, f(1) x 5 s = 500 tokens are done by the model: 450 left in 5 s need 90 tok/s <= f(2).
+        policy.on_arrival(request(2, 10, 5.0, arrival_s=5.0), 5.0, [replica])
+        return [r.request.request_id for r in policy.release(5.0, [replica])] == [2]
+
+    assert newcomer_admitted(track=True)
+    assert not newcomer_admitted(track=False)  # the paper's literal check: f(2) = 90.9 < recorded 95
+
+
+def test_offered_load_feasibility_demotes_what_only_a_near_idle_engine_could_serve() -> None:
+    # L f(L) = 100, 181.8, 250, 307.7, 357.1, 400: the 380 output tokens of the last second's arrivals need
+    # L* = 6, so f(6) = 66.7 tok/s is the feasible speed.
+    def tier_of_tight_request(feasibility: str) -> str:
+        policy = SaberPolicy(MODEL, feasibility=feasibility, demand_window_s=1.0)
+        replica = FakeReplica(0)
+        for rid in range(10):
+            policy.on_arrival(request(rid, 30, 10.0, arrival_s=rid * 0.1), rid * 0.1, [replica])
+        tight = request(99, 80, 1.0, arrival_s=1.0)  # needs 80 tok/s: below f(1), above f(6)
+        policy.on_arrival(tight, 1.0, [replica])
+        return tight.tier
+
+    assert tier_of_tight_request("fastest") == TIER_HIGH
+    assert tier_of_tight_request("offered-load") == TIER_LOW

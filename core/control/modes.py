@@ -40,7 +40,8 @@ def _saber(ctx: ModeContext) -> Policy:
         window_size=spec.window_size,
         best_effort_max_load=spec.best_effort_max_load,
         track_progress=spec.track_progress,
-        feasible_load=spec.feasible_load,
+        feasibility=spec.feasibility,
+        max_load=max(spec.profile_loads),
         seed=ctx.seed,
     )
 

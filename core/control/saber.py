@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,17 +64,27 @@ class SaberPolicy(Policy):
         window_size: int = 4,
         best_effort_max_load: int | None = None,
         track_progress: bool = False,
-        feasible_load: int = 1,
+        feasibility: str = "fastest",
+        max_load: int = 100,
+        demand_window_s: float = 10.0,
         seed: int = 0,
     ) -> None:
         if window_size < 1:
             raise ValueError(f"window_size must be at least 1 (got {window_size})")
         self.model = speed_model
-        if feasible_load < 1:
-            raise ValueError(f"feasible_load must be at least 1 (got {feasible_load})")
-        self.feasible_load = feasible_load
-        # The demotion threshold: the paper's f(1), the fastest speed (feasible_load = 1); see SaberSpec.
-        self.fastest_tps = speed_model(feasible_load)
+        if feasibility not in ("fastest", "offered-load"):
+            raise ValueError(f"feasibility must be 'fastest' or 'offered-load' (got {feasibility!r})")
+        self.fastest_tps = speed_model.fastest_tps
+        self.feasibility = feasibility
+        # Offered-load feasibility: the engine's predicted throughput L * f(L) for L = 1..max_load, and the
+        # output tokens asked for by the arrivals of the last `demand_window_s` seconds.
+        self._throughput = np.maximum.accumulate([load * speed_model(load) for load in range(1, max_load + 1)])
+        self.demand_window_s = demand_window_s
+        self._arrivals: deque[tuple[float, int]] = deque()
+        self._demanded_tokens = 0
+        self._first_arrival_s: float | None = None
+        self._next_demotion_s = math.inf
+        self.threshold_tps = self.fastest_tps
         self.window_size = window_size
         self.best_effort_max_load = best_effort_max_load
         self.track_progress = track_progress
@@ -99,8 +110,33 @@ class SaberPolicy(Policy):
         """When the required speed reaches f(1): deadline - max_tokens / f(1)."""
         return req.deadline_s() - self._max_tokens(req) / self.fastest_tps
 
+    def _feasible_speed(self, now: float, replicas: int) -> float:
+        """The speed above which a queued request counts as infeasible and is demoted.
+
+        "fastest" (the paper, sec. IV-C step 1): f(1), what the engine gives one request alone.
+        "offered-load" (our extension): f(L*), where L* is the smallest concurrency at which the replicas'
+        predicted throughput L * f(L) carries the output tokens the arrivals have asked for over the last
+        `demand_window_s` seconds. At light load L* = 1 and this is the paper's rule; under heavy load a
+        request that could only meet its SLA by keeping the engine below the concurrency the load needs is
+        treated as infeasible, so it no longer holds back the requests behind it (on an engine whose speed
+        falls slowly with L, f(1) is barely above what long requests need, and the literal rule lets one
+        such request pin the load near 1 for its whole run)."""
+        if self.feasibility == "fastest" or self._first_arrival_s is None:
+            return self.fastest_tps
+        while self._arrivals and self._arrivals[0][0] < now - self.demand_window_s:
+            self._demanded_tokens -= self._arrivals.popleft()[1]
+        span = max(1.0, min(self.demand_window_s, now - self._first_arrival_s))
+        demand_per_replica = self._demanded_tokens / span / max(1, replicas)
+        load = int(np.searchsorted(self._throughput, demand_per_replica)) + 1  # smallest L with L f(L) >= demand
+        return self.model(min(load, len(self._throughput)))
+
     def on_arrival(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> Verdict:
-        if self._required(req, now) > self.fastest_tps:
+        if self._first_arrival_s is None:
+            self._first_arrival_s = now
+        self._arrivals.append((now, self._max_tokens(req)))
+        self._demanded_tokens += self._max_tokens(req)
+        self.threshold_tps = self._feasible_speed(now, len(replicas))
+        if self._required(req, now) > self.threshold_tps:
             req.tier = TIER_LOW
             self.low.push(req)
             self.demoted += 1
@@ -112,8 +148,21 @@ class SaberPolicy(Policy):
             heapq.heappush(self._demotions, (demote_at, req.request_id, req))
         return Verdict.hold(TIER_HIGH)
 
-    def _demote_due(self, now: float) -> None:
-        """Move high-tier requests whose required speed now exceeds f(1) to the low tier."""
+    def _demote_due(self, now: float, replicas: int) -> None:
+        """Move high-tier requests whose required speed now exceeds the feasible speed to the low tier."""
+        if self.feasibility == "offered-load":
+            threshold = self.threshold_tps = self._feasible_speed(now, replicas)
+            self._next_demotion_s = math.inf
+            for req in list(self.high):
+                demote_at = req.deadline_s() - self._max_tokens(req) / threshold
+                if demote_at < now:
+                    self.high.remove(req)
+                    req.tier = TIER_LOW
+                    self.low.push(req)
+                    self.demoted += 1
+                elif demote_at < self._next_demotion_s:
+                    self._next_demotion_s = demote_at
+            return
         heap = self._demotions
         while heap and heap[0][0] < now:
             _, _, req = heapq.heappop(heap)
@@ -124,6 +173,8 @@ class SaberPolicy(Policy):
                 self.demoted += 1
 
     def next_wakeup(self, now: float) -> float:
+        if self.feasibility == "offered-load":
+            return math.nextafter(self._next_demotion_s, math.inf) if len(self.high) else math.inf
         heap = self._demotions
         while heap and (heap[0][2].tier != TIER_HIGH or REQUIRED_SPEED_KEY in heap[0][2].state):
             heapq.heappop(heap)  # admitted or already demoted
@@ -133,7 +184,7 @@ class SaberPolicy(Policy):
     # ------------------------------------------------------------ admission control (Algorithm 1)
 
     def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
-        self._demote_due(now)
+        self._demote_due(now, len(replicas))
         # Load and the highest required speed of a running request per replica, kept current as this call
         # admits.
         loads = {r.index: r.load for r in replicas}
@@ -240,7 +291,7 @@ class SaberPolicy(Policy):
             "window_size": self.window_size,
             "best_effort_max_load": self.best_effort_max_load,
             "track_progress": self.track_progress,
-            "feasible_load": self.feasible_load,
+            "feasibility": self.feasibility,
             "admitted_high": self.admitted_high,
             "released_low": self.released_low,
             "demoted": self.demoted,
