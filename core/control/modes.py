@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.control.policy import Policy
+from core.control.slos_serve.policy import SlosServePolicy
 from core.profile import Calibration, Profile, ProfileError
 
 
@@ -50,6 +51,9 @@ def _saber(ctx: ModeContext) -> Policy:
 MODES: dict[str, PolicyFactory] = {
     "fcfs": _fcfs,
     "saber": _saber,
+    "slos-serve": lambda ctx: SlosServePolicy(
+        ctx.calibration, ctx.profile.knobs, ctx.profile.slos_serve, replicas=ctx.replicas
+    ),
 }
 
 
