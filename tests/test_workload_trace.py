@@ -97,6 +97,31 @@ def test_adaserve_accepts_a_json_document_of_entries(tmp_path: Path) -> None:
     assert [s.slo.tpot_s for s in specs] == [0.04, 0.04]
 
 
+def test_adaserve_negative_slo_ratio_is_an_absolute_tpot_in_milliseconds(tmp_path: Path) -> None:
+    """The artifact writes Table 2's fixed SLOs as negative ratios: -50 is a 50 ms TPOT, -150 a 150 ms one;
+    such rows need no baseline, and they mix with baseline multiples in one file."""
+    rows = [
+        {"emission_time_ms": 0.0, "input_length": 20, "output_length": 40, "slo_ratio": -50},
+        {"emission_time_ms": 5.0, "input_length": 900, "output_length": 70, "slo_ratio": -150},
+        {"emission_time_ms": 9.0, "input_length": 120, "output_length": 200, "slo_ratio": 1.2},
+    ]
+    path = write_jsonl(tmp_path / "ada.jsonl", rows)
+    specs = replay(trace_profile(path, "adaserve", tmp_path, trace={"baseline_tpot_s": 0.0105}))
+    assert [s.slo.tpot_s for s in specs] == [0.05, 0.15, 0.0126]
+    without_baseline = write_jsonl(tmp_path / "abs.jsonl", rows[:2])
+    specs = replay(trace_profile(without_baseline, "adaserve", tmp_path))
+    assert [s.slo.tpot_s for s in specs] == [0.05, 0.15]
+
+
+def test_zero_slo_ratio_is_refused_with_both_meanings_named(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "ada.jsonl",
+        [{"emission_time_ms": 0, "input_length": 5, "output_length": 5, "slo_ratio": 0}],
+    )
+    with pytest.raises(ProfileError, match=r"ada\.jsonl:1: 'slo_ratio' is 0; .*milliseconds as a negative"):
+        build_load_plan(trace_profile(path, "adaserve", tmp_path, trace={"baseline_tpot_s": 0.01}))
+
+
 def test_slo_ratio_without_a_baseline_says_how_to_fix_it(tmp_path: Path) -> None:
     path = write_jsonl(
         tmp_path / "ada.jsonl",

@@ -26,6 +26,7 @@ import aiohttp
 import numpy as np
 
 from core.backends.prompts import PromptBuilder, load_token_counter
+from core.control.gateway_protocol import slo_fields as gateway_slo_fields
 from core.records import RequestRecord, RequestSpec, Status
 
 __all__ = ["Api", "PromptBuilder", "StreamingClient", "is_loopback", "load_token_counter", "open_load_session"]
@@ -115,6 +116,7 @@ class StreamingClient:
         continuous_usage: bool = True,
         extra_body: dict[str, Any] | None = None,
         on_transport_error: Callable[[BaseException], None] | None = None,
+        slo_fields: bool = False,
     ) -> None:
         if api not in ("completions", "chat"):
             raise ValueError(f"api must be 'completions' or 'chat', got {api!r}")
@@ -127,6 +129,8 @@ class StreamingClient:
         self.ignore_eos = ignore_eos
         self.continuous_usage = continuous_usage
         self.extra_body = dict(extra_body or {})
+        # Tell an admission gateway each request's task, SLO and id (core/control/gateway_protocol.py).
+        self.slo_fields = slo_fields
         # Told about refused connections and broken streams, so a load driver can check whether the
         # server died rather than failing every remaining request one by one.
         self.on_transport_error = on_transport_error
@@ -159,6 +163,8 @@ class StreamingClient:
         if self.ignore_eos:
             body["ignore_eos"] = True  # vLLM extension: generate exactly max_tokens
         body.update(self.extra_body)
+        if self.slo_fields:
+            body.update(gateway_slo_fields(spec))
         return body
 
     @staticmethod

@@ -9,10 +9,13 @@ Columns (CSV header) or keys (JSON), one request per row:
   SLO            `slo_e2e_s`, `slo_ttft_s`, `slo_tpot_s` (optional, seconds), or `slo_ratio`
   anything else  ignored, so traces exported by other tools replay without editing
 
-`slo_ratio` is how the AdaServe artifact states a request's TPOT objective: a multiple of the
-deployment's per-token latency at near-zero load (AdaServe sec. 6.1, Table 2: coding copilot requests
-get 1.2x that baseline). The profile's `trace.baseline_tpot_s` supplies the baseline, so the objective
-becomes slo_tpot_s = slo_ratio * baseline_tpot_s.
+`slo_ratio` is how the AdaServe artifact states a request's TPOT objective, with two meanings:
+- positive: a multiple of the deployment's per-token latency at near-zero load (AdaServe sec. 6.1, Table 2:
+  coding copilot requests get 1.2x that baseline). The profile's `trace.baseline_tpot_s` supplies the
+  baseline, so slo_tpot_s = slo_ratio * baseline_tpot_s;
+- negative: an absolute TPOT target in milliseconds, the artifact's way of writing Table 2's fixed SLOs
+  (-50 is the 50 ms chatbot TPOT, -150 the 150 ms summarisation TPOT), so slo_tpot_s = -slo_ratio / 1000.
+  These rows need no baseline. Zero means neither and is refused.
 
 Times are multiplied by `time_scale` and shifted so the earliest request arrives at 0 (traces taken
 from production carry wall-clock offsets that a run should not sit idle through). Rows are replayed in
@@ -114,17 +117,9 @@ class _RowReader:
                 objectives[field_name] = self._positive(raw[key], key, where)
                 stated = True
         if "slo_ratio" in raw and not _is_blank(raw["slo_ratio"]):
-            ratio = self._positive(raw["slo_ratio"], "slo_ratio", where)
             if objectives["tpot_s"] is not None:
                 raise ProfileError(f"{where}: both 'slo_ratio' and 'slo_tpot_s' given; keep one of them")
-            baseline = self._spec.baseline_tpot_s
-            if baseline is None:
-                raise ProfileError(
-                    f"{where}: 'slo_ratio' needs a baseline; set workload.trace.baseline_tpot_s "
-                    "in the profile to the per-token latency at near-zero load (seconds)"
-                )
-            # Rounded to 12 significant digits so 12 x 0.0125 reads 0.15, not 0.15000000000000002.
-            objectives["tpot_s"] = float(f"{ratio * baseline:.12g}")
+            objectives["tpot_s"] = self._tpot_from_ratio(raw["slo_ratio"], where)
             stated = True
         if not stated:
             return None
@@ -134,6 +129,27 @@ class _RowReader:
         if slo is None:
             slo = self._slo_cache[key] = RequestSLO(*key)
         return slo
+
+    def _tpot_from_ratio(self, value: Any, where: str) -> float:
+        """TPOT objective (seconds) of an AdaServe `slo_ratio` (module docstring: two meanings by sign)."""
+        ratio = _number(value, "slo_ratio", where)
+        if ratio == 0:
+            raise ProfileError(
+                f"{where}: 'slo_ratio' is 0; give a multiple of the baseline TPOT (> 0) "
+                "or an absolute TPOT in milliseconds as a negative number (-50 = 50 ms)"
+            )
+        if ratio < 0:
+            # Rounded to 12 significant digits so -150 reads 0.15 s exactly.
+            return float(f"{-ratio / 1000.0:.12g}")
+        baseline = self._spec.baseline_tpot_s
+        if baseline is None:
+            raise ProfileError(
+                f"{where}: a positive 'slo_ratio' needs a baseline; set workload.trace.baseline_tpot_s "
+                "in the profile to the per-token latency at near-zero load (seconds), or write the row's "
+                "TPOT in milliseconds as a negative slo_ratio (-50 = 50 ms)"
+            )
+        # Rounded to 12 significant digits so 12 x 0.0125 reads 0.15, not 0.15000000000000002.
+        return float(f"{ratio * baseline:.12g}")
 
     @staticmethod
     def _positive(value: Any, key: str, where: str) -> float:

@@ -1,0 +1,1 @@
+"""The embedded controller: scheduling modes (fcfs, saber, slos-serve, adaserve), their seams, the gateway."""

@@ -1,0 +1,176 @@
+"""A token-level model of speculation for the simulator: draft trees, SLO-customized selection, verification.
+
+The model (ours; the paper runs real models). At every step each decoding request's next tokens have a
+local predictability a in (0, 1): the text's true acceptance rate there. Children of every node are ranked
+by the draft, and the true probability of the rank-j child is a (1 - a)^(j-1): the top candidate is right
+with probability a, siblings' probabilities fall off geometrically and sum to 1 (paper 002, App. A). A node
+at depth k whose ranks sum to k + m therefore has true path probability f = a^k (1 - a)^m.
+
+- Per-step randomness: a is drawn each step from a Beta around the request's mean acceptance (its task's
+  `acceptance`), with the calibration's concentration; which path the verifier takes is drawn too. Both
+  make accepted tokens vary step to step (the tail cost of speculation, paper 000).
+- Draft mismatch: the draft ranks children as the truth does, but it only estimates a. Its estimate is
+  â = sigmoid(logit(a) + overconfidence + mismatch * N(0, 1)), so its approximated path probabilities
+  f̂ = â^k (1 - â)^m (eq. 7) are off from f by a controllable amount; mismatch = 0 is a perfect drafter.
+  The truth is drawn first and the draft's error on top, so mismatch never changes what is accepted on
+  average, only how well AdaServe knows it.
+
+Because every node's conditionals share one a per request per step, the candidate tree of a depth-d,
+width-w beam search has the same shape at every step (which rank sums survive the beam does not depend on
+a), so it is tabulated once per (d, w) and a whole batch is selected and verified with a few array
+operations: the selection rule is Algorithm 2's (trees.select_trees, tested equal), and the accepted depth
+is drawn from its exact distribution: P(depth >= k) = sum of f over the selected nodes at depth k (the
+walk reaches at most one node per depth, so those events are disjoint).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+EPS = 1e-9
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateShape:
+    """The candidate tree of a depth-d, width-w beam search under the ranked-geometric draft, level by level.
+
+    Node i sits at `depth[i]` (1..d), its ranks along the path sum to depth[i] + offset[i], and `parent[i]`
+    is its parent's index (-1 below the root), so f̂ = â^depth (1 - â)^offset."""
+
+    depth_limit: int
+    width: int
+    depth: np.ndarray  # (N,) int
+    offset: np.ndarray  # (N,) int
+    parent: np.ndarray  # (N,) int
+    rank: np.ndarray  # (N,) int, 1-based rank among its parent's children
+    level_onehot: np.ndarray  # (N, d) float: column k-1 marks the nodes at depth k
+
+    @property
+    def size(self) -> int:
+        return len(self.depth)
+
+
+@functools.lru_cache(maxsize=256)
+def candidate_shape(depth: int, width: int) -> CandidateShape:
+    """Beam search (sec. 4.3, step 1) on rank sums: at each level keep the `width` children (ranks 1..width
+    of each beam node) with the smallest offset, ties to the earlier parent then the lower rank, exactly as
+    trees.beam_search orders equal probabilities."""
+    depths: list[int] = []
+    offsets: list[int] = []
+    parents: list[int] = []
+    ranks: list[int] = []
+    beam: list[tuple[int, int]] = [(-1, 0)]  # (node index, offset)
+    for level in range(1, depth + 1):
+        expanded = [
+            (offset + rank - 1, order, rank, index)
+            for order, (index, offset) in enumerate(beam)
+            for rank in range(1, width + 1)
+        ]
+        expanded.sort(key=lambda item: (item[0], item[1], item[2]))
+        beam = []
+        for offset, _, rank, parent in expanded[:width]:
+            beam.append((len(depths), offset))
+            depths.append(level)
+            offsets.append(offset)
+            parents.append(parent)
+            ranks.append(rank)
+    depth_arr = np.array(depths, dtype=np.int64)
+    onehot = np.zeros((len(depths), depth))
+    onehot[np.arange(len(depths)), depth_arr - 1] = 1.0
+    return CandidateShape(
+        depth_limit=depth,
+        width=width,
+        depth=depth_arr,
+        offset=np.array(offsets, dtype=np.int64),
+        parent=np.array(parents, dtype=np.int64),
+        rank=np.array(ranks, dtype=np.int64),
+        level_onehot=onehot,
+    )
+
+
+def path_probabilities(shape: CandidateShape, acceptance: np.ndarray) -> np.ndarray:
+    """(n, N) path probabilities a^depth (1 - a)^offset of every candidate node for each request's a."""
+    a = np.clip(acceptance, EPS, 1.0 - EPS)
+    return np.exp(np.outer(np.log(a), shape.depth) + np.outer(np.log1p(-a), shape.offset))
+
+
+def draft_estimate(true_acceptance: np.ndarray, mismatch: float, overconfidence: float, rng: np.random.Generator):
+    """The draft's estimate â of each request's local acceptance (module docstring)."""
+    a = np.clip(true_acceptance, EPS, 1.0 - EPS)
+    if mismatch == 0.0 and overconfidence == 0.0:
+        return a
+    logit = np.log(a) - np.log1p(-a) + overconfidence
+    if mismatch:
+        logit = logit + mismatch * rng.standard_normal(len(a))
+    return 1.0 / (1.0 + np.exp(-logit))
+
+
+@dataclass(slots=True)
+class Selection:
+    """Algorithm 2's outcome for a batch: request i verifies its root plus its `counts[i]` most probable
+    candidates (by the draft's estimate); `order[i]` lists its candidates most probable first."""
+
+    counts: np.ndarray  # (n,) int: draft tokens per request
+    slo_counts: np.ndarray  # (n,) int: of which chosen in the SLO-customized phase
+    order: np.ndarray  # (n, N) int
+
+    @property
+    def verified_tokens(self) -> int:
+        return int(self.counts.sum()) + len(self.counts)
+
+
+def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max: int) -> Selection:
+    """Algorithm 2 lines 9-23 for a whole batch (the vectorised twin of trees.select_trees).
+
+    Within one request both phases always take its most probable remaining candidate, so what each request
+    ends up with is a prefix of its candidates sorted by f̂; only the prefix lengths are computed."""
+    n, size = approx.shape
+    order = np.argsort(-approx, axis=1, kind="stable")
+    ranked = np.take_along_axis(approx, order, axis=1)
+    cumulative = np.cumsum(ranked, axis=1)
+    cap = np.minimum(need, float(depth))
+    wanted = (cumulative < cap[:, None]).sum(axis=1) + 1
+    wanted = np.where(cap > 0.0, np.minimum(wanted, min(size, n_max)), 0)
+    remaining = budget - n
+    # SLO-customized phase: the largest need first, each request whole until the budget runs out.
+    by_need = np.argsort(-need, kind="stable")
+    before = np.cumsum(wanted[by_need]) - wanted[by_need]
+    granted = np.clip(remaining - before, 0, wanted[by_need])
+    slo_counts = np.empty(n, dtype=np.int64)
+    slo_counts[by_need] = granted
+    remaining -= int(granted.sum())
+    counts = slo_counts.copy()
+    # Throughput-optimized phase: the globally most probable of what is left.
+    if remaining > 0:
+        left = np.where(np.arange(size)[None, :] >= slo_counts[:, None], ranked, -1.0).ravel()
+        available = int((left >= 0.0).sum())
+        if remaining >= available:
+            counts = np.full(n, size, dtype=np.int64)
+        else:
+            top = np.argpartition(-left, remaining - 1)[:remaining]
+            counts += np.bincount(top // size, minlength=n)
+    return Selection(counts=counts, slo_counts=slo_counts, order=order)
+
+
+def accepted_draft_tokens(
+    shape: CandidateShape, selection: Selection, true_probs: np.ndarray, uniforms: np.ndarray
+) -> np.ndarray:
+    """Draft tokens the verifier accepts per request: the depth its true path reaches inside the selected
+    tree, drawn from P(depth >= k) = sum of true f over selected nodes at depth k with one uniform each."""
+    n, size = true_probs.shape
+    position = np.empty_like(selection.order)
+    np.put_along_axis(position, selection.order, np.broadcast_to(np.arange(size), (n, size)), axis=1)
+    selected = position < selection.counts[:, None]
+    reach = (true_probs * selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
+    return (reach > uniforms[:, None]).sum(axis=1)
+
+
+def chain_selection(n: int, width: int) -> Selection:
+    """Static sequence speculation (vLLM-Spec(k), the paper's baseline): every request verifies a chain of
+    the draft's top choice, `width` deep, whatever its SLO. On a width-1 candidate shape of depth `width`."""
+    order = np.broadcast_to(np.arange(width), (n, width))
+    counts = np.full(n, width, dtype=np.int64)
+    return Selection(counts=counts, slo_counts=np.zeros(n, dtype=np.int64), order=np.ascontiguousarray(order))

@@ -1,0 +1,45 @@
+"""Scheduling modes by name: `--mode NAME`, `mode:` in a profile, `--job compare` (every mode in `MODES`).
+
+Each mode module registers a factory here (one line); the factory builds a fresh `Policy` for one run
+from what a user knows before the run: the profile, the engine calibration and the replica count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from core.control.policy import Policy
+from core.control.slos_serve.policy import SlosServePolicy
+from core.profile import Calibration, Profile, ProfileError
+
+
+@dataclass(frozen=True, slots=True)
+class ModeContext:
+    profile: Profile
+    calibration: Calibration
+    replicas: int = 1
+    seed: int = 0
+
+
+PolicyFactory = Callable[[ModeContext], Policy]
+
+
+def _fcfs(ctx: ModeContext) -> Policy:
+    return Policy()
+
+
+# Insertion order is the order of `--job compare`'s table: the baseline first.
+MODES: dict[str, PolicyFactory] = {
+    "fcfs": _fcfs,
+    "slos-serve": lambda ctx: SlosServePolicy(
+        ctx.calibration, ctx.profile.knobs, ctx.profile.slos_serve, replicas=ctx.replicas
+    ),
+}
+
+
+def make_policy(name: str, ctx: ModeContext) -> Policy:
+    factory = MODES.get(name)
+    if factory is None:
+        raise ProfileError(f"mode {name!r} is not available; choose one of: {', '.join(MODES)}")
+    return factory(ctx)
