@@ -33,8 +33,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.compare import run_mode, with_cap
+from core.control.speed_model import offline_phase
 from core.jobs import RunOptions, RunResult
-from core.profile import PoissonArrival, Profile, load_profile
+from core.profile import PoissonArrival, Profile, load_calibration, load_profile
 
 WORKLOADS = ("saber-w1", "saber-w2", "saber-w3")
 RATES = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0)
@@ -78,10 +79,16 @@ def mean(results: list[RunResult], field: str) -> float:
 
 async def sweep_workload(name: str, rates: list[float], requests: int, seeds: int, saber: dict[str, Any]) -> None:
     base = load_profile(name)
+    speeds = offline_phase(base, load_calibration(base), loads=base.saber.profile_loads, seed=0)
+    fits = ", ".join(f"{kind} R² {model.r2:.3f}" for kind, model in speeds.models.items())
+    usl = speeds.models["usl"]
+    print(f"\n{name}: offline phase: {len(speeds.samples)} load-speed points; {fits}")
+    print(f"  USL f(L) = {usl.params[0]:.1f} / (1 + {usl.params[1]:.4f} (L-1) + {usl.params[2]:.2e} L (L-1)) tok/s:")
+    print("  " + ", ".join(f"f({load}) = {usl(load):.1f}" for load in (1, 10, 25, 50, 100)))
     pooled_saber: list[np.ndarray] = []
     pooled_static: list[np.ndarray] = []
     gains = []
-    print(f"\n{name}: {requests} requests x {seeds} seeds per point; static caps {base.saber.static_caps}")
+    print(f"{name}: {requests} requests x {seeds} seeds per point; static caps {base.saber.static_caps}")
     print(
         f"{'RPS':>5} {'best cap':>8} {'static att':>10} {'SABER att':>9} {'diff':>6} "
         f"{'static r/s':>10} {'SABER r/s':>9} {'static CV':>9} {'SABER CV':>8}"
