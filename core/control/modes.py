@@ -28,9 +28,16 @@ def _fcfs(ctx: ModeContext) -> Policy:
     return Policy()
 
 
+def _adaserve(ctx: ModeContext) -> Policy:
+    from core.control.adaserve.planner import AdaServePolicy
+
+    return AdaServePolicy(ctx.profile.adaserve, ctx.calibration, seed=ctx.seed)
+
+
 # Insertion order is the order of `--job compare`'s table: the baseline first.
 MODES: dict[str, PolicyFactory] = {
     "fcfs": _fcfs,
+    "adaserve": _adaserve,
 }
 
 

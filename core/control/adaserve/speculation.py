@@ -93,13 +93,13 @@ def candidate_shape(depth: int, width: int) -> CandidateShape:
 
 def path_probabilities(shape: CandidateShape, acceptance: np.ndarray) -> np.ndarray:
     """(n, N) path probabilities a^depth (1 - a)^offset of every candidate node for each request's a."""
-    a = np.clip(acceptance, EPS, 1.0 - EPS)
-    return np.exp(np.outer(np.log(a), shape.depth) + np.outer(np.log1p(-a), shape.offset))
+    a = np.minimum(np.maximum(acceptance, EPS), 1.0 - EPS)
+    return np.exp(np.log(a)[:, None] * shape.depth + np.log1p(-a)[:, None] * shape.offset)
 
 
 def draft_estimate(true_acceptance: np.ndarray, mismatch: float, overconfidence: float, rng: np.random.Generator):
     """The draft's estimate â of each request's local acceptance (module docstring)."""
-    a = np.clip(true_acceptance, EPS, 1.0 - EPS)
+    a = np.minimum(np.maximum(true_acceptance, EPS), 1.0 - EPS)
     if mismatch == 0.0 and overconfidence == 0.0:
         return a
     logit = np.log(a) - np.log1p(-a) + overconfidence
@@ -129,29 +129,28 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
     ends up with is a prefix of its candidates sorted by f̂; only the prefix lengths are computed."""
     n, size = approx.shape
     order = np.argsort(-approx, axis=1, kind="stable")
-    ranked = np.take_along_axis(approx, order, axis=1)
-    cumulative = np.cumsum(ranked, axis=1)
+    ranked = approx[np.arange(n)[:, None], order]
     cap = np.minimum(need, float(depth))
-    wanted = (cumulative < cap[:, None]).sum(axis=1) + 1
+    wanted = (np.cumsum(ranked, axis=1) < cap[:, None]).sum(axis=1) + 1
     wanted = np.where(cap > 0.0, np.minimum(wanted, min(size, n_max)), 0)
     remaining = budget - n
     # SLO-customized phase: the largest need first, each request whole until the budget runs out.
     by_need = np.argsort(-need, kind="stable")
-    before = np.cumsum(wanted[by_need]) - wanted[by_need]
-    granted = np.clip(remaining - before, 0, wanted[by_need])
+    in_need_order = wanted[by_need]
+    granted = np.minimum(np.maximum(remaining - (np.cumsum(in_need_order) - in_need_order), 0), in_need_order)
     slo_counts = np.empty(n, dtype=np.int64)
     slo_counts[by_need] = granted
     remaining -= int(granted.sum())
-    counts = slo_counts.copy()
+    counts = slo_counts
     # Throughput-optimized phase: the globally most probable of what is left.
     if remaining > 0:
-        left = np.where(np.arange(size)[None, :] >= slo_counts[:, None], ranked, -1.0).ravel()
-        available = int((left >= 0.0).sum())
+        available = n * size - int(slo_counts.sum())
         if remaining >= available:
             counts = np.full(n, size, dtype=np.int64)
         else:
-            top = np.argpartition(-left, remaining - 1)[:remaining]
-            counts += np.bincount(top // size, minlength=n)
+            left = np.where(np.arange(size) >= slo_counts[:, None], ranked, -1.0).ravel()
+            top = np.argpartition(left, len(left) - remaining)[len(left) - remaining :]
+            counts = slo_counts + np.bincount(top // size, minlength=n)
     return Selection(counts=counts, slo_counts=slo_counts, order=order)
 
 
@@ -161,9 +160,8 @@ def accepted_draft_tokens(
     """Draft tokens the verifier accepts per request: the depth its true path reaches inside the selected
     tree, drawn from P(depth >= k) = sum of true f over selected nodes at depth k with one uniform each."""
     n, size = true_probs.shape
-    position = np.empty_like(selection.order)
-    np.put_along_axis(position, selection.order, np.broadcast_to(np.arange(size), (n, size)), axis=1)
-    selected = position < selection.counts[:, None]
+    selected = np.zeros((n, size), dtype=bool)
+    selected[np.arange(n)[:, None], selection.order] = np.arange(size) < selection.counts[:, None]
     reach = (true_probs * selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
     return (reach > uniforms[:, None]).sum(axis=1)
 
