@@ -12,7 +12,8 @@ DEFAULT_PROFILE = "quickstart"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slo-console",
-        description="Operator console for LLM serving against a latency SLO (vLLM or the embedded simulator).",
+        description="Operator console for LLM serving against a latency SLO (vLLM or the embedded simulator). "
+        "`slo-console gateway --help`: the admission gateway as a standalone server.",
         epilog="Exit codes: 0 ok, 2 bad usage or profile, 3 backend unavailable, 4 run failed, 130 interrupted.",
     )
     parser.add_argument("--batch", action="store_true", help="run headless: JSON Lines on stdout, logs on stderr")
@@ -30,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="sim: embedded simulator (default); vllm: launch a local vLLM; url: attach to --url",
     )
     parser.add_argument("--url", help="base URL of a running OpenAI-compatible server (with --backend url)")
+    parser.add_argument(
+        "--mode",
+        help="scheduling mode (fcfs, saber, ...; default: the profile's); with --backend vllm or url the "
+        "admission gateway runs it in front of the server",
+    )
     parser.add_argument("--seed", type=int, help="override the profile's seed")
     parser.add_argument("--requests", type=int, help="override the number of requests")
     parser.add_argument("--duration", type=float, dest="duration_s", help="stop sending after this many seconds")
@@ -46,8 +52,50 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def build_gateway_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slo-console gateway",
+        description="Admission gateway: an OpenAI-compatible front that runs a scheduling mode in front of "
+        "one or more running servers (point any OpenAI client at it).",
+        epilog="Exit codes: 0 stopped (SIGTERM), 2 bad usage, profile, mode or port, 3 upstream unreachable, "
+        "130 interrupted (Ctrl-C).",
+    )
+    parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile YAML path or shipped name (SLOs, mode)")
+    parser.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        dest="upstreams",
+        metavar="URL",
+        help="base URL of a running OpenAI-compatible server; repeat for several replicas",
+    )
+    parser.add_argument("--port", type=int, required=True, help="port to listen on (0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--mode", help="scheduling mode (default: the profile's mode)")
+    parser.add_argument("--log-requests", action="store_true", help="print one event per request on stdout")
+    return parser
+
+
+def gateway_main(argv: list[str]) -> int:
+    args = build_gateway_parser().parse_args(argv)
+    from core.control.gateway_service import GatewayArgs, run_gateway
+
+    return run_gateway(
+        GatewayArgs(
+            profile=args.profile,
+            upstreams=args.upstreams,
+            port=args.port,
+            host=args.host,
+            mode=args.mode,
+            log_requests=args.log_requests,
+        )
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["gateway"]:
+        return gateway_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     for name in ("requests",):
@@ -71,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                 out=args.out,
                 argv=["slo-console", *argv],
                 resume=args.resume,
+                mode=args.mode,
             )
         )
     from console.app import run_app  # imported only here: the batch path never loads Textual

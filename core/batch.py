@@ -42,6 +42,7 @@ class BatchArgs:
     out: Path | None = None
     argv: list[str] | None = None
     resume: bool = False  # --job tune: continue the journal in --out instead of starting a new one
+    mode: str | None = None  # scheduling mode (core/control/modes.py); None: the profile's
 
 
 class EventWriter:
@@ -127,7 +128,7 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
         raise ProfileError(
             f"--job {args.job}: not available in this version; use --job run, --job tune or --job calibrate"
         )
-    backend = make_backend(args.backend, profile, seed=args.seed, url=args.url)  # type: ignore[arg-type]
+    backend = make_backend(args.backend, profile, seed=args.seed, url=args.url, mode=args.mode)  # type: ignore[arg-type]
     options = RunOptions(seed=args.seed, requests=args.requests, duration_s=args.duration_s)
 
     async def job() -> Any:

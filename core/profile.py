@@ -362,6 +362,31 @@ class AdaServeSpec(Strict):
         return self
 
 
+class SlosServeSpec(Strict):
+    """SLOs-Serve settings (paper 004), used by `mode: slos-serve` (core/control/slos_serve).
+
+    The scheduler runs the admission DP when the oldest waiting arrival has waited `schedule_window_s` or
+    `schedule_batch` arrivals wait (Algorithm 1's timeout and threshold). A request no replica can attain
+    after `routing_limit` replicas (sec. 4.2; None: every replica) goes to the best-effort tier (sec. 4.1),
+    retried every `best_effort_retry_s` and on every completion. With `best_effort: false` (or a zero
+    window) each arrival is decided on its own when it arrives, and one that cannot be attained is rejected.
+    """
+
+    schedule_window_s: Annotated[float, Field(ge=0)] = 0.01
+    schedule_batch: Annotated[int, Field(ge=1)] = 16
+    routing_limit: Annotated[int, Field(ge=1)] | None = None
+    best_effort: bool = True
+    best_effort_retry_s: Annotated[float, Field(gt=0)] = 0.05
+    # Upper bound of the SLO-adaptive speculation length (sec. 3.2.3); None: the knobs' spec_width when
+    # speculation is on (a draft model is deployed), else 0.
+    max_spec_len: Annotated[int, Field(ge=0, le=16)] | None = None
+    # Largest batch the planner forms (tokens); None: knobs.max_num_batched_tokens.
+    max_batch_tokens: Annotated[int, Field(ge=1)] | None = None
+    # SLOs assumed for requests that carry none of their own.
+    default_ttft_s: Annotated[float, Field(gt=0)] = 1.0
+    default_tpot_s: Annotated[float, Field(gt=0)] = 0.1
+
+
 class Profile(Strict):
     name: str
     description: str = ""
@@ -379,6 +404,7 @@ class Profile(Strict):
     mode: str = "fcfs"
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
     adaserve: AdaServeSpec = Field(default_factory=AdaServeSpec)
+    slos_serve: SlosServeSpec = Field(default_factory=SlosServeSpec)
     # Extension sections owned by other capabilities (live server, tuner, energy) are added here.
 
     _source: Path | None = PrivateAttr(default=None)

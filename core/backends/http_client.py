@@ -26,6 +26,7 @@ from typing import Any, Literal
 import httpx
 import numpy as np
 
+from core.control.gateway_protocol import slo_fields as gateway_slo_fields
 from core.records import RequestRecord, RequestSpec, Status
 
 Api = Literal["completions", "chat"]
@@ -338,6 +339,7 @@ class StreamingClient:
         continuous_usage: bool = True,
         extra_body: dict[str, Any] | None = None,
         on_transport_error: Callable[[BaseException], None] | None = None,
+        slo_fields: bool = False,
     ) -> None:
         if api not in ("completions", "chat"):
             raise ValueError(f"api must be 'completions' or 'chat', got {api!r}")
@@ -350,6 +352,8 @@ class StreamingClient:
         self.ignore_eos = ignore_eos
         self.continuous_usage = continuous_usage
         self.extra_body = dict(extra_body or {})
+        # Tell an admission gateway each request's task, SLO and id (core/control/gateway_protocol.py).
+        self.slo_fields = slo_fields
         # Told about refused connections and broken streams, so a load driver can check whether the
         # server died rather than failing every remaining request one by one.
         self.on_transport_error = on_transport_error
@@ -378,6 +382,8 @@ class StreamingClient:
         if self.ignore_eos:
             body["ignore_eos"] = True  # vLLM extension: generate exactly max_tokens
         body.update(self.extra_body)
+        if self.slo_fields:
+            body.update(gateway_slo_fields(spec))
         return body
 
     @staticmethod

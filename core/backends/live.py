@@ -80,6 +80,7 @@ class UrlBackend:
         tokenizer: Callable[[str], int] | str | Path | None = None,
         probe_timeout_s: float = 10.0,
         extra_body: dict[str, Any] | None = None,
+        slo_fields: bool = False,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -90,6 +91,7 @@ class UrlBackend:
         self.continuous_usage = continuous_usage
         self.probe_timeout_s = probe_timeout_s
         self.extra_body = extra_body
+        self.slo_fields = slo_fields  # add each request's task/SLO/id for an admission gateway in between
         self._tokenizer = tokenizer
         self._prompts: PromptBuilder | None = None
         # How prompt lengths are made: "tokenizer" (exact), "server /tokenize ratio", or "estimate".
@@ -203,6 +205,7 @@ class UrlBackend:
                 ignore_eos=self.ignore_eos,
                 continuous_usage=self.continuous_usage,
                 extra_body=self.extra_body,
+                slo_fields=self.slo_fields,
             )
             await self._calibrate_prompts(http)
             load = _LoadRun(self, http, client, plan, observer)

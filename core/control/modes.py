@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.control.adaserve.planner import AdaServePolicy
 from core.control.policy import Policy
+from core.control.slos_serve.policy import SlosServePolicy
 from core.profile import Calibration, Profile, ProfileError
 
 
@@ -28,16 +30,13 @@ def _fcfs(ctx: ModeContext) -> Policy:
     return Policy()
 
 
-def _adaserve(ctx: ModeContext) -> Policy:
-    from core.control.adaserve.planner import AdaServePolicy
-
-    return AdaServePolicy(ctx.profile.adaserve, ctx.calibration, seed=ctx.seed)
-
-
 # Insertion order is the order of `--job compare`'s table: the baseline first.
 MODES: dict[str, PolicyFactory] = {
     "fcfs": _fcfs,
-    "adaserve": _adaserve,
+    "slos-serve": lambda ctx: SlosServePolicy(
+        ctx.calibration, ctx.profile.knobs, ctx.profile.slos_serve, replicas=ctx.replicas
+    ),
+    "adaserve": lambda ctx: AdaServePolicy(ctx.profile.adaserve, ctx.calibration, seed=ctx.seed),
 }
 
 

@@ -1,0 +1,195 @@
+"""Latency the admission gateway adds: the same open-loop load sent directly to a server and through the gateway.
+
+    python benchmarks/gateway_overhead.py [--rate 200] [--duration 10] [--tokens 16] [--rounds 2]
+
+The upstream is a small aiohttp server in its own process that streams `--tokens` SSE chunks shaped like
+vLLM's at once (no model: it exists to make the gateway's own cost visible, not to measure serving). The
+gateway is `slo-console gateway` (mode fcfs) in a process of its own, as a user runs it. This process sends
+Poisson arrivals at `--rate` req/s for `--duration` s with aiohttp, alternating direct and gateway rounds,
+and reports per-request TTFT and end-to-end latency percentiles for both paths and their difference (what
+the gateway adds). All three processes share this machine's cores, so the figures include that contention.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from core.metrics import percentiles  # noqa: E402
+
+
+def serve_upstream(tokens: int) -> None:
+    """The fast upstream: /v1/models, and /v1/completions streaming `tokens` chunks then [DONE]."""
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "bench", "object": "model"}]})
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        count = int(body.get("max_tokens", tokens))
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(count):
+            finish = "length" if i == count - 1 else None
+            chunk = {
+                "id": "cmpl-bench",
+                "object": "text_completion",
+                "model": "bench",
+                "choices": [{"index": 0, "text": " tok", "finish_reason": finish}],
+                "usage": {"prompt_tokens": 8, "completion_tokens": i + 1, "total_tokens": 9 + i},
+            }
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v1/completions", completions)
+    web.run_app(app, host="127.0.0.1", port=0, print=lambda _: None, handle_signals=True, access_log=None)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds a process has used so far (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _spawn(argv: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT
+    )
+
+
+def _stop(process: subprocess.Popen[str]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _listening_port(pid: int, timeout_s: float = 30.0) -> int:
+    """The TCP port a child process listens on (from /proc: the upstream picks a free one)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        inodes = set()
+        fd_dir = Path(f"/proc/{pid}/fd")
+        for fd in fd_dir.iterdir():
+            target = os.readlink(fd) if fd.is_symlink() else ""
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                return int(fields[1].split(":")[1], 16)
+        time.sleep(0.1)
+    raise RuntimeError(f"process {pid} is not listening after {timeout_s:g} s")
+
+
+async def _one(session: aiohttp.ClientSession, url: str, tokens: int, out: list[tuple[float, float]]) -> None:
+    body = {"model": "bench", "prompt": "hello", "max_tokens": tokens, "stream": True}
+    start = time.perf_counter()
+    first = None
+    async with session.post(url + "/v1/completions", json=body) as response:
+        async for chunk in response.content.iter_any():
+            if first is None and b'"text"' in chunk:
+                first = time.perf_counter()
+    end = time.perf_counter()
+    out.append(((first or end) - start, end - start))
+
+
+async def _load(url: str, rate: float, duration_s: float, tokens: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(1.0 / rate, size=int(rate * duration_s * 2) + 10)
+    arrivals = np.cumsum(gaps)
+    arrivals = arrivals[arrivals < duration_s]
+    results: list[tuple[float, float]] = []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        for _ in range(20):  # warm the connection pool; not measured
+            await _one(session, url, tokens, [])
+        start = time.perf_counter()
+        tasks = []
+        for at in arrivals:
+            delay = start + at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(_one(session, url, tokens, results)))
+        await asyncio.gather(*tasks)
+    return np.asarray(results)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rate", type=float, default=200.0, help="requests per second (Poisson)")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per round")
+    parser.add_argument("--tokens", type=int, default=16, help="streamed chunks per request")
+    parser.add_argument("--rounds", type=int, default=2, help="direct/gateway round pairs")
+    parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_upstream:
+        serve_upstream(args.tokens)
+        return
+    upstream = _spawn([sys.executable, __file__, "--serve-upstream", "--tokens", str(args.tokens)])
+    gateway = None
+    try:
+        upstream_url = f"http://127.0.0.1:{_listening_port(upstream.pid)}"
+        gateway = _spawn([sys.executable, "-m", "console", "gateway", "--upstream", upstream_url, "--port", "0"])
+        assert gateway.stderr is not None
+        line = gateway.stderr.readline()
+        match = re.search(r"serving on (http://\S+)", line)
+        if not match:
+            raise RuntimeError(f"the gateway did not start: {line.strip()}")
+        gateway_url = match.group(1)
+        samples: dict[str, list[np.ndarray]] = {"direct": [], "gateway": []}
+        gateway_cpu_s = 0.0
+        for round_index in range(args.rounds):
+            for name, url in (("direct", upstream_url), ("gateway", gateway_url)):
+                cpu_before = _cpu_s(gateway.pid)
+                samples[name].append(asyncio.run(_load(url, args.rate, args.duration, args.tokens, round_index)))
+                if name == "gateway":
+                    gateway_cpu_s += _cpu_s(gateway.pid) - cpu_before
+        rows = {name: np.concatenate(parts) for name, parts in samples.items()}
+        print(
+            f"rate {args.rate:g} req/s Poisson, {args.duration:g} s x {args.rounds} rounds per path, "
+            f"{args.tokens} streamed chunks per request, {os.cpu_count()} CPUs"
+        )
+        print(
+            f"{'path':<9} {'requests':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'e2e p50 ms':>11} {'e2e p99 ms':>11}"
+        )
+        figures: dict[str, tuple[float, ...]] = {}
+        for name, data in rows.items():
+            t50, t99 = percentiles(data[:, 0], (50.0, 99.0))
+            e50, e99 = percentiles(data[:, 1], (50.0, 99.0))
+            figures[name] = (t50 * 1e3, t99 * 1e3, e50 * 1e3, e99 * 1e3)
+            print(f"{name:<9} {len(data):>8} " + " ".join(f"{v:>11.3f}" for v in figures[name]))
+        added = [g - d for g, d in zip(figures["gateway"], figures["direct"], strict=True)]
+        print(f"{'added':<9} {'':>8} " + " ".join(f"{v:>11.3f}" for v in added))
+        served = len(rows["gateway"]) + 20 * args.rounds  # the warm-up requests went through it too
+        print(f"gateway CPU per request: {gateway_cpu_s / served * 1e3:.3f} ms (its process, user + system)")
+    finally:
+        if gateway is not None:
+            _stop(gateway)
+        _stop(upstream)
+
+
+if __name__ == "__main__":
+    main()

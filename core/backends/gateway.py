@@ -1,0 +1,181 @@
+"""`GatewayBackend`: a live backend with the admission gateway in front (`--backend vllm|url --mode NAME`).
+
+It puts a `core.control.gateway.Gateway` (127.0.0.1, a free port) in front of the served server (a vLLM
+that `VllmBackend` launches, or the `--url` server) and points the load client at the gateway, with each
+request's task, SLO and id in the gateway's body field. The client measures latency end to end, so time
+spent held at the gateway counts. The gateway's account then completes the client's records: a 429 becomes
+`rejected` and a 503 `deferred` (with the mode's reason), and every record gets the tier and upstream that
+served it and when the gateway released it. When the plan's `duration_s` has passed, the gateway defers
+what it still holds, as the simulator does at the end of a run.
+
+The server and the gateway live across runs; `swap_mode` changes the policy without restarting vLLM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from dataclasses import replace
+from typing import Any
+
+from core.backends.base import LoadPlan, RunObserver, RunOutcome
+from core.backends.live import UrlBackend
+from core.control.gateway import Gateway, policy_factory_for
+from core.control.policy import Policy
+from core.events import EventSink
+from core.profile import Profile
+from core.records import RequestRecord, RequestSpec, Status
+
+
+class GatewayBackend:
+    """Serve through the gateway running mode `mode` in front of `inner` (a VllmBackend or a UrlBackend)."""
+
+    name = "gateway"
+
+    def __init__(
+        self,
+        inner: Any,
+        profile: Profile,
+        mode: str,
+        *,
+        policy: Policy | None = None,
+        on_event: EventSink | None = None,
+        **client_options: Any,
+    ) -> None:
+        """`policy` overrides the registry's `mode` (tests, ad-hoc policies); `client_options` go to the
+        load client (`UrlBackend`)."""
+        self.inner = inner
+        self.profile = profile
+        self.mode = mode
+        self.initial_policy = policy
+        self.on_event = on_event
+        self.client_options = client_options
+        self.gateway: Gateway | None = None
+        self.client: UrlBackend | None = None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def _upstream(self) -> tuple[str, str | None]:
+        """The served server's base URL and model, starting a managed vLLM if it is not running."""
+        if hasattr(self.inner, "server"):  # VllmBackend
+            if self.inner._needs_start():
+                await self.inner.start()
+            return self.inner.base_url, self.inner.server.served_model_name
+        await self.inner.probe()
+        return self.inner.base_url, self.inner.model
+
+    async def start(self) -> Gateway:
+        upstream, model = await self._upstream()
+        if self.gateway is not None and self.gateway.upstreams[0].url != upstream.rstrip("/"):
+            await self.gateway.stop()  # the managed server restarted on another port
+            self.gateway = None
+        if self.gateway is None:
+            factory = policy_factory_for(self.profile, replicas=1)
+            policy = self.initial_policy or factory(self.mode)
+            self.gateway = Gateway(
+                [upstream], policy, profile=self.profile, policy_factory=factory, on_event=self.on_event
+            )
+            await self.gateway.start()
+            self.client = UrlBackend(self.gateway.base_url, model, slo_fields=True, **self.client_options)
+        return self.gateway
+
+    def swap_mode(self, name: str) -> None:
+        """Run mode `name` from the next request on; the upstream server keeps running."""
+        self.mode = name
+        if self.gateway is not None:
+            self.gateway.swap_mode(name)
+
+    async def restart(self, knobs: Any = None) -> None:
+        """Restart the managed server with new knobs (the gateway follows it to its new port)."""
+        await self.inner.restart(knobs)
+
+    async def close(self) -> None:
+        if self.gateway is not None:
+            await self.gateway.stop()
+            self.gateway = None
+        await self.inner.close()
+
+    def describe(self) -> dict[str, Any]:
+        facts = dict(self.inner.describe())
+        facts["gateway"] = {"mode": self.mode, "url": None if self.gateway is None else self.gateway.base_url}
+        return facts
+
+    # ------------------------------------------------------------ running
+
+    async def run(self, plan: LoadPlan, observer: RunObserver | None = None) -> RunOutcome:
+        gateway = await self.start()
+        assert self.client is not None
+        gateway.decisions.clear()  # keyed by the client's request ids, which restart at 0 each run
+        gateway.arrivals_ended = False
+        first_send = asyncio.Event()
+        watched = replace(plan, requests=_watch_first(plan.requests, first_send))
+        ender = asyncio.create_task(self._end_arrivals_after(plan.duration_s, first_send))
+        try:
+            outcome = await self.client.run(watched, _Reconciling(self, observer))
+        finally:
+            ender.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await ender
+        for record in outcome.records:
+            self.reconcile(record)
+        outcome.notes["gateway"] = gateway.snapshot()
+        outcome.notes["status_counts"] = _status_counts(outcome.records)
+        if hasattr(self.inner, "server") and self.inner.server.process is not None:
+            outcome.notes["vllm"] = {"argv": self.inner.server.process.argv, "knobs": self.inner.knobs.model_dump()}
+        return outcome
+
+    async def _end_arrivals_after(self, duration_s: float | None, first_send: asyncio.Event) -> None:
+        if duration_s is None:
+            return  # no horizon: what is held is released as the load drains
+        await first_send.wait()
+        await asyncio.sleep(duration_s)
+        if self.gateway is not None:
+            self.gateway.end_arrivals()
+
+    def reconcile(self, record: RequestRecord) -> None:
+        """Complete a client record with the gateway's decision about it."""
+        if self.gateway is None:
+            return
+        decision = self.gateway.decisions.get(str(record.request_id))
+        if decision is None:
+            return
+        record.tier = decision.tier
+        record.replica = decision.replica
+        if decision.dispatched_s is not None and record.sent_s is not None:
+            record.dispatched_s = record.sent_s + (decision.dispatched_s - decision.arrival_s)
+        if decision.outcome == "rejected":
+            record.status, record.error = Status.REJECTED, decision.reason
+        elif decision.outcome == "deferred":
+            record.status, record.error = Status.DEFERRED, decision.reason
+
+
+class _Reconciling:
+    """Passes records on to the caller's observer after the gateway's account has completed them."""
+
+    def __init__(self, backend: GatewayBackend, observer: RunObserver | None) -> None:
+        self.backend = backend
+        self.observer = observer
+
+    def on_record(self, record: RequestRecord) -> None:
+        self.backend.reconcile(record)
+        if self.observer is not None:
+            self.observer.on_record(record)
+
+    def on_engine_sample(self, sample: Any) -> None:
+        if self.observer is not None:
+            self.observer.on_engine_sample(sample)
+
+
+def _watch_first(requests: Iterator[RequestSpec], first_send: asyncio.Event) -> Iterator[RequestSpec]:
+    """The same requests; sets `first_send` when the client takes the first (its run clock has started)."""
+    for spec in requests:
+        first_send.set()
+        yield spec
+
+
+def _status_counts(records: list[RequestRecord]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in records:
+        counts[str(record.status)] = counts.get(str(record.status), 0) + 1
+    return counts

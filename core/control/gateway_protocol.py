@@ -1,0 +1,198 @@
+"""What the admission gateway reads from and writes to the wire, defined once for the gateway and the client.
+
+A request tells the gateway its task and SLO in either of two ways (both optional; the gateway removes them
+before forwarding, so the upstream server never sees them):
+- headers: `x-task: NAME`, `x-slo-e2e-s: SECONDS`, `x-slo-ttft-s: SECONDS`, `x-slo-tpot-s: SECONDS`,
+  `x-request-id: ID` (the caller's own id, echoed in the gateway's events);
+- a JSON field in the body: `"slo": {"task": NAME, "e2e_s": S, "ttft_s": S, "tpot_s": S, "request_id": ID}`.
+Header values win over body fields. What neither gives comes from the profile: the task's SLO, else the
+profile's SLO. The number of output tokens the policy plans for is the body's `max_tokens` (or
+`max_completion_tokens`), else `DEFAULT_MAX_TOKENS`.
+
+The gateway's own answers are OpenAI-style error bodies, `{"error": {"type", "message", "code"}}`:
+- 429, type `rejected`: the mode refused the request (the reason is the message);
+- 503, type `deferred`: held in a mode's queue and never served before the gateway stopped or the run ended;
+- 502, type `upstream_error`: the upstream server could not be reached or broke the stream;
+- 400, type `invalid_request`: the body or an SLO field could not be read.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from core.profile import Profile
+from core.records import RequestSLO, RequestSpec
+
+SLO_BODY_FIELD = "slo"
+HEADER_TASK = "x-task"
+HEADER_REQUEST_ID = "x-request-id"
+SLO_HEADERS = {"e2e_s": "x-slo-e2e-s", "ttft_s": "x-slo-ttft-s", "tpot_s": "x-slo-tpot-s"}
+GATEWAY_HEADERS = frozenset({HEADER_TASK, HEADER_REQUEST_ID, *SLO_HEADERS.values()})
+
+# max_tokens the policy plans for when a request does not say (the OpenAI completions API's default is 16;
+# chat has no fixed default). A request that sets max_tokens gets exactly that.
+DEFAULT_MAX_TOKENS = 256
+# Characters per prompt token when the gateway estimates a text prompt's length (no tokenizer here).
+CHARS_PER_TOKEN = 4.0
+
+ERROR_REJECTED = "rejected"
+ERROR_DEFERRED = "deferred"
+ERROR_UPSTREAM = "upstream_error"
+ERROR_INVALID = "invalid_request"
+
+
+class BadGatewayRequest(ValueError):
+    """A request the gateway cannot read (HTTP 400); the message names the field and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class RequestMeta:
+    """What the gateway learned about one request before asking the policy."""
+
+    task: str
+    slo: RequestSLO
+    max_tokens: int
+    prompt_tokens: int
+    stream: bool
+    client_request_id: str | None
+
+
+def error_body(kind: str, message: str, code: int) -> dict[str, Any]:
+    return {"error": {"type": kind, "message": message, "code": code}}
+
+
+def slo_fields(spec: RequestSpec) -> dict[str, Any]:
+    """The body field a load client adds so the gateway knows the request's task, SLO and id."""
+    fields: dict[str, Any] = {"task": spec.task, "request_id": spec.request_id}
+    for name in ("e2e_s", "ttft_s", "tpot_s"):
+        value = getattr(spec.slo, name)
+        if value is not None:
+            fields[name] = value
+    return {SLO_BODY_FIELD: fields}
+
+
+def _seconds(value: Any, where: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise BadGatewayRequest(f"{where} must be a number of seconds (got {value!r})") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise BadGatewayRequest(f"{where} must be positive seconds (got {value!r})")
+    return seconds
+
+
+def profile_slo(profile: Profile | None, task: str) -> RequestSLO:
+    """The SLO a request of `task` gets when it names none: the task's, else the profile's."""
+    if profile is None:
+        return RequestSLO()
+    spec = next((t.slo for t in profile.workload.tasks if t.name == task and t.slo is not None), profile.slo)
+    return RequestSLO(e2e_s=spec.e2e_s, ttft_s=spec.ttft_s, tpot_s=spec.tpot_s)
+
+
+def default_task(profile: Profile | None) -> str:
+    """A request that names no task belongs to the profile's only task, else to "default"."""
+    if profile is not None and len(profile.workload.tasks) == 1:
+        return profile.workload.tasks[0].name
+    return "default"
+
+
+def _prompt_tokens(body: Mapping[str, Any]) -> int:
+    prompt = body.get("prompt")
+    if prompt is None and isinstance(body.get("messages"), list):
+        prompt = " ".join(str(m.get("content", "")) for m in body["messages"] if isinstance(m, dict))
+    if isinstance(prompt, list):  # token ids, or a batch of prompts
+        return len(prompt) if all(isinstance(t, int) for t in prompt) else sum(len(str(p)) for p in prompt) // 4
+    return max(1, math.ceil(len(str(prompt or "")) / CHARS_PER_TOKEN))
+
+
+def read_request_meta(headers: Mapping[str, str], body: dict[str, Any], profile: Profile | None) -> RequestMeta:
+    """Task, SLO, token counts and id of one request; removes the gateway's body field from `body`."""
+    fields = body.pop(SLO_BODY_FIELD, None)
+    if fields is None:
+        fields = {}
+    if not isinstance(fields, dict):
+        raise BadGatewayRequest(f'"{SLO_BODY_FIELD}" must be an object like {{"task": "chat", "e2e_s": 2.0}}')
+    task = str(headers.get(HEADER_TASK) or fields.get("task") or default_task(profile))
+    fallback = profile_slo(profile, task)
+    values: dict[str, float | None] = {}
+    for name, header in SLO_HEADERS.items():
+        if header in headers:
+            values[name] = _seconds(headers[header], f"header {header}")
+        elif fields.get(name) is not None:
+            values[name] = _seconds(fields[name], f'"{SLO_BODY_FIELD}.{name}"')
+        else:
+            values[name] = getattr(fallback, name)
+    max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    elif not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise BadGatewayRequest(f"max_tokens must be a positive integer (got {max_tokens!r})")
+    client_id = headers.get(HEADER_REQUEST_ID) or fields.get("request_id")
+    return RequestMeta(
+        task=task,
+        slo=RequestSLO(**values),
+        max_tokens=max_tokens,
+        prompt_tokens=_prompt_tokens(body),
+        stream=bool(body.get("stream", False)),
+        client_request_id=None if client_id is None else str(client_id),
+    )
+
+
+class SSETokenCounter:
+    """Counts output tokens in an OpenAI-style SSE stream fed chunk by chunk, as they pass through.
+
+    With vLLM's per-chunk usage (`continuous_usage_stats`) the count is the cumulative completion_tokens;
+    otherwise one token per chunk that carries text. A closing usage chunk's total wins. `finished` is True
+    once the stream sent `[DONE]` or a finish_reason.
+    """
+
+    def __init__(self) -> None:
+        self._partial = b""
+        self.tokens = 0
+        self.finished = False
+        self.error: str | None = None
+
+    def feed(self, data: bytes) -> None:
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        for line in lines:
+            if line.startswith(b"data:"):
+                self._event(line[5:].strip())
+
+    def _event(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self.finished = True
+            return
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            return  # not ours to judge: the client sees the same bytes
+        if not isinstance(event, dict):
+            return
+        if "error" in event:
+            self.error = str(event["error"])[:200]
+            return
+        usage = event.get("usage") or {}
+        choices = event.get("choices") or []
+        if usage.get("completion_tokens") is not None:
+            self.tokens = int(usage["completion_tokens"])
+        elif choices:
+            choice = choices[0]
+            delta = choice.get("delta") or {}
+            if choice.get("text") or delta.get("content"):
+                self.tokens += 1
+        if any(isinstance(c, dict) and c.get("finish_reason") is not None for c in choices):
+            self.finished = True
+
+
+def completion_tokens(body: bytes) -> int:
+    """Output tokens of a non-streamed completion (its usage), 0 when it does not say."""
+    try:
+        usage = json.loads(body).get("usage") or {}
+        return int(usage.get("completion_tokens") or 0)
+    except (ValueError, AttributeError, TypeError):
+        return 0

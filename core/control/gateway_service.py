@@ -1,0 +1,106 @@
+"""`slo-console gateway`: the admission gateway as a standalone server any OpenAI client can use.
+
+    slo-console gateway --profile saber-w1 --upstream http://127.0.0.1:8000 [--upstream URL ...] \
+        --port 9000 [--host 127.0.0.1] [--mode saber]
+
+Startup checks each upstream (GET /v1/models) and binds the port; it then serves until SIGTERM or Ctrl-C,
+when requests still held are answered `deferred` and those at an upstream may finish. Events (start, mode
+changes, stop with the final counters; with --log-requests one per request) go to stdout as JSON Lines.
+Exit codes: 0 stopped by SIGTERM, 2 bad usage/profile/mode/port, 3 an upstream unreachable, 130 Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from core.control.gateway import Gateway, GatewayError, policy_factory_for, probe_upstreams
+from core.events import Event, to_json_line
+from core.profile import ProfileError, load_profile
+
+EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 2, 3, 130
+
+
+@dataclass(slots=True)
+class GatewayArgs:
+    profile: str
+    upstreams: list[str]
+    port: int
+    host: str = "127.0.0.1"
+    mode: str | None = None  # None: the profile's mode
+    log_requests: bool = False
+
+
+def _check_url(url: str) -> str | None:
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f"--upstream {url!r} is not a URL; give one like http://127.0.0.1:8000"
+    return None
+
+
+def run_gateway(args: GatewayArgs) -> int:
+    """Serve until stopped; returns the exit code. Problems are one line on stderr."""
+    try:
+        return asyncio.run(_serve(args))
+    except KeyboardInterrupt:  # pragma: no cover - the signal handler normally catches it first
+        return EXIT_INTERRUPTED
+
+
+def _printer(log_requests: bool):  # type: ignore[no-untyped-def]
+    def sink(event: Event) -> None:
+        if event["event"] != "gateway_request" or log_requests:
+            print(to_json_line(event), flush=True)
+
+    return sink
+
+
+async def _serve(args: GatewayArgs) -> int:
+    problems = [p for p in (_check_url(u) for u in args.upstreams) if p]
+    if not args.upstreams:
+        problems.append("give at least one --upstream http://HOST:PORT")
+    if not 0 <= args.port <= 65535:
+        problems.append(f"--port {args.port} is not a port number (0-65535)")
+    if problems:
+        print(f"slo-console gateway: {problems[0]}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        profile = load_profile(args.profile)
+        factory = policy_factory_for(profile, replicas=len(args.upstreams))
+        policy = factory(args.mode or profile.mode)
+    except ProfileError as exc:
+        print(f"slo-console gateway: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    unreachable = await probe_upstreams(args.upstreams)
+    if unreachable:
+        message = f"upstream unreachable: {unreachable[0]}; start it or fix --upstream"
+        print(f"slo-console gateway: {message}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    gateway = Gateway(
+        args.upstreams,
+        policy,
+        profile=profile,
+        policy_factory=factory,
+        host=args.host,
+        port=args.port,
+        on_event=_printer(args.log_requests),
+    )
+    try:
+        url = await gateway.start()
+    except GatewayError as exc:
+        print(f"slo-console gateway: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"slo-console gateway: serving on {url} (mode {policy.name}), Ctrl-C to stop", file=sys.stderr)
+    stopped: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    loop = asyncio.get_running_loop()
+    for signum, code in ((signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_OK)):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signum, lambda c=code: stopped.done() or stopped.set_result(c))
+    try:
+        code = await stopped
+    finally:
+        await gateway.stop()
+    return code

@@ -1,0 +1,287 @@
+"""The admission gateway (core/control/gateway.py) on real 127.0.0.1 sockets, in front of scripted upstreams.
+
+The upstreams are tests/fakeserver.py's scripted OpenAI server (streams shaped like vLLM's) and, for
+non-streamed answers, a few-line aiohttp app. They prove the gateway's plumbing and accounting; the
+gateway in front of a real vLLM is tests/test_gateway_live.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from core.control.concurrency_cap import ConcurrencyCapPolicy
+from core.control.gateway import Gateway, GatewayError, probe_upstreams
+from core.control.gateway_protocol import BadGatewayRequest, SSETokenCounter, read_request_meta, slo_fields
+from core.control.policy import Policy
+from core.profile import ProfileError, load_profile
+from core.records import RequestSLO, RequestSpec
+from tests.fakeserver import FakeOpenAIServer, StreamReply
+
+
+def completion(max_tokens: int = 4, stream: bool = True, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": "fake-model", "prompt": "hello there", "max_tokens": max_tokens, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+    body.update(extra)
+    return body
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], **kw: Any) -> tuple[int, bytes]:
+    async with session.post(url + "/v1/completions", json=body, **kw) as response:
+        return response.status, await response.read()
+
+
+def assert_accounted(gateway: Gateway, received: int) -> None:
+    stats = gateway.stats
+    assert stats.received == received
+    assert stats.held == 0 and stats.in_flight == 0
+    assert stats.completed + stats.rejected + stats.deferred + stats.failed == received
+    assert stats.accounted()
+
+
+def test_streams_through_chunk_by_chunk_and_strips_the_slo_field() -> None:
+    async def scenario() -> None:
+        async with (
+            FakeOpenAIServer(StreamReply(chunk_delay_s=0.02)) as fake,
+            Gateway([fake.base_url], Policy()) as gateway,
+            aiohttp.ClientSession() as session,
+        ):
+            body = completion(max_tokens=5, slo={"task": "chat", "e2e_s": 3.0, "request_id": 41})
+            arrivals: list[float] = []
+            loop = asyncio.get_running_loop()
+            async with session.post(gateway.base_url + "/v1/completions", json=body) as response:
+                assert response.status == 200
+                assert response.headers["Content-Type"].startswith("text/event-stream")
+                raw = b""
+                async for chunk in response.content.iter_any():
+                    arrivals.append(loop.time())
+                    raw += chunk
+            events = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+            assert events[-1] == "[DONE]"
+            assert sum(1 for e in events if '"text": " tok"' in e) == 5
+            # Chunks arrive spread over the upstream's 4 x 20 ms, not in one piece at the end.
+            assert len(arrivals) >= 3 and arrivals[-1] - arrivals[0] > 0.04
+            assert "slo" not in fake.bodies[0]
+            assert gateway.decisions["41"].outcome == "completed"
+            assert gateway.decisions["41"].replica == 0
+            assert_accounted(gateway, 1)
+            assert gateway.stats.completed == 1
+
+    asyncio.run(scenario())
+
+
+def test_non_streamed_completion_and_upstream_http_error_pass_through() -> None:
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        if body["max_tokens"] > 100:
+            return web.json_response({"error": {"message": "too long"}}, status=400)
+        usage = {"prompt_tokens": 3, "completion_tokens": body["max_tokens"], "total_tokens": 3 + body["max_tokens"]}
+        return web.json_response({"choices": [{"text": "x", "finish_reason": "length"}], "usage": usage})
+
+    async def models(_: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m"}]})
+
+    async def scenario() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        try:
+            async with Gateway([f"http://127.0.0.1:{port}"], Policy()) as gateway, aiohttp.ClientSession() as s:
+                status, raw = await post(s, gateway.base_url, completion(max_tokens=7, stream=False))
+                assert status == 200 and json.loads(raw)["usage"]["completion_tokens"] == 7
+                status, raw = await post(s, gateway.base_url, completion(max_tokens=500, stream=False))
+                assert status == 400 and json.loads(raw)["error"]["message"] == "too long"
+                async with s.get(gateway.base_url + "/v1/models") as response:  # proxied to the upstream
+                    assert (await response.json())["data"][0]["id"] == "m"
+                assert (gateway.stats.completed, gateway.stats.failed) == (1, 1)
+                assert_accounted(gateway, 2)
+        finally:
+            await runner.cleanup()
+
+    asyncio.run(scenario())
+
+
+def test_cap_holds_requests_at_the_gateway_and_releases_them_as_slots_free() -> None:
+    async def scenario() -> None:
+        async with (
+            FakeOpenAIServer(StreamReply(first_delay_s=0.05, chunk_delay_s=0.01)) as fake,
+            Gateway([fake.base_url], ConcurrencyCapPolicy(cap=2)) as gateway,
+        ):
+            async with aiohttp.ClientSession() as session:
+                results = await asyncio.gather(*(post(session, gateway.base_url, completion()) for _ in range(8)))
+            assert [status for status, _ in results] == [200] * 8
+            assert fake.max_in_flight == 2  # the cap held the rest at the gateway
+            assert gateway.stats.completed == 8
+            assert_accounted(gateway, 8)
+
+    asyncio.run(scenario())
+
+
+def test_rejections_are_429_with_the_reason_and_every_request_is_accounted_for() -> None:
+    async def scenario() -> None:
+        async with (
+            FakeOpenAIServer(StreamReply(first_delay_s=0.1)) as fake,
+            Gateway([fake.base_url], ConcurrencyCapPolicy(cap=1, max_queue=2)) as gateway,
+        ):
+            async with aiohttp.ClientSession() as session:
+                results = await asyncio.gather(*(post(session, gateway.base_url, completion()) for _ in range(6)))
+            statuses = sorted(status for status, _ in results)
+            assert statuses == [200, 200, 200, 429, 429, 429]
+            rejected = [json.loads(raw) for status, raw in results if status == 429]
+            assert all(r["error"]["type"] == "rejected" and "queue full" in r["error"]["message"] for r in rejected)
+            assert (gateway.stats.completed, gateway.stats.rejected) == (3, 3)
+            assert_accounted(gateway, 6)
+
+    asyncio.run(scenario())
+
+
+def test_requests_still_held_at_the_end_are_deferred_and_late_holds_too() -> None:
+    async def scenario() -> None:
+        async with FakeOpenAIServer(StreamReply(first_delay_s=0.3)) as fake:
+            gateway = Gateway([fake.base_url], ConcurrencyCapPolicy(cap=1))
+            await gateway.start()
+            async with aiohttp.ClientSession() as session:
+                sends = [asyncio.create_task(post(session, gateway.base_url, completion())) for _ in range(4)]
+                await asyncio.sleep(0.1)
+                assert gateway.stats.held == 3 and gateway.stats.in_flight == 1
+                assert gateway.end_arrivals() == 3
+                late = await post(session, gateway.base_url, completion())  # the slot is still taken: held
+                results = [*await asyncio.gather(*sends), late]
+            await gateway.stop()
+            statuses = sorted(status for status, _ in results)
+            assert statuses == [200, 503, 503, 503, 503]
+            deferred = [json.loads(raw)["error"] for status, raw in results if status == 503]
+            assert all(error["type"] == "deferred" for error in deferred)
+            assert (gateway.stats.completed, gateway.stats.deferred) == (1, 4)
+            assert_accounted(gateway, 5)
+
+    asyncio.run(scenario())
+
+
+def test_a_client_that_hangs_up_while_held_counts_as_failed_and_never_reaches_the_upstream() -> None:
+    async def scenario() -> None:
+        async with (
+            FakeOpenAIServer(StreamReply(first_delay_s=0.3)) as fake,
+            Gateway([fake.base_url], ConcurrencyCapPolicy(cap=1)) as gateway,
+        ):
+            async with aiohttp.ClientSession() as session:
+                first = asyncio.create_task(post(session, gateway.base_url, completion()))
+                await asyncio.sleep(0.05)
+                with pytest.raises(TimeoutError):
+                    await post(session, gateway.base_url, completion(), timeout=aiohttp.ClientTimeout(total=0.1))
+                assert (await first)[0] == 200
+                await asyncio.sleep(0.05)
+            assert len(fake.bodies) == 1
+            assert (gateway.stats.completed, gateway.stats.failed) == (1, 1)
+            assert_accounted(gateway, 2)
+
+    asyncio.run(scenario())
+
+
+def test_policy_swap_at_runtime_releases_what_the_old_mode_held() -> None:
+    async def scenario() -> None:
+        async with FakeOpenAIServer(StreamReply(first_delay_s=0.3)) as fake:
+
+            def factory(name: str) -> Policy:
+                if name != "fcfs":
+                    raise ProfileError(f"mode {name!r} is not available")
+                return Policy()
+
+            gateway = Gateway([fake.base_url], ConcurrencyCapPolicy(cap=1), policy_factory=factory)
+            async with gateway, aiohttp.ClientSession() as session:
+                sends = [asyncio.create_task(post(session, gateway.base_url, completion())) for _ in range(3)]
+                await asyncio.sleep(0.1)
+                assert fake.max_in_flight == 1 and gateway.stats.held == 2
+                async with session.post(gateway.base_url + "/gateway/policy", json={"mode": "fcfs"}) as response:
+                    assert response.status == 200 and (await response.json())["mode"] == "fcfs"
+                async with session.post(gateway.base_url + "/gateway/policy", json={"mode": "nope"}) as response:
+                    assert response.status == 400
+                results = await asyncio.gather(*sends)
+                assert [status for status, _ in results] == [200, 200, 200]
+                assert fake.max_in_flight == 3  # the held two went out at once under fcfs
+                async with session.get(gateway.base_url + "/gateway/stats") as response:
+                    stats = await response.json()
+                assert stats["mode"] == "fcfs" and stats["policy_swaps"] == 1 and stats["accounted"]
+                assert_accounted(gateway, 3)
+
+    asyncio.run(scenario())
+
+
+def test_spreads_load_over_several_upstreams() -> None:
+    async def scenario() -> None:
+        reply = StreamReply(first_delay_s=0.1)
+        async with (
+            FakeOpenAIServer(reply) as one,
+            FakeOpenAIServer(reply) as two,
+            Gateway([one.base_url, two.base_url], Policy()) as gateway,
+        ):
+            async with aiohttp.ClientSession() as session:
+                await asyncio.gather(*(post(session, gateway.base_url, completion()) for _ in range(6)))
+            assert len(one.bodies) == 3 and len(two.bodies) == 3
+            assert [u.served for u in gateway.upstreams] == [3, 3]
+            assert_accounted(gateway, 6)
+
+    asyncio.run(scenario())
+
+
+def test_upstream_down_is_a_502_failure_and_the_probe_names_it() -> None:
+    async def scenario() -> None:
+        async with FakeOpenAIServer() as fake:
+            url = fake.base_url
+        assert await probe_upstreams([url]) and "ClientConnectorError" in (await probe_upstreams([url]))[0]
+        async with Gateway([url], Policy()) as gateway, aiohttp.ClientSession() as session:
+            status, raw = await post(session, gateway.base_url, completion())
+            assert status == 502 and json.loads(raw)["error"]["type"] == "upstream_error"
+            status, _ = await post(session, gateway.base_url, {"prompt": "x", "slo": {"e2e_s": -1}})
+            assert status == 400
+            assert gateway.stats.failed == 2
+            assert_accounted(gateway, 2)
+
+    asyncio.run(scenario())
+
+
+def test_a_taken_port_is_one_clear_error() -> None:
+    async def scenario() -> None:
+        async with FakeOpenAIServer() as fake, Gateway([fake.base_url], Policy()) as first:
+            with pytest.raises(GatewayError, match="choose another --port"):
+                await Gateway([fake.base_url], Policy(), port=first.port).start()
+
+    asyncio.run(scenario())
+
+
+def test_request_meta_from_headers_body_and_profile() -> None:
+    profile = load_profile("saber-w1")
+    body = {"prompt": "x" * 40, "max_tokens": 30, "slo": {"task": "code-qna"}}
+    meta = read_request_meta({}, body, profile)
+    assert "slo" not in body
+    assert (meta.task, meta.slo, meta.max_tokens, meta.prompt_tokens) == ("code-qna", RequestSLO(e2e_s=1.0), 30, 10)
+    meta = read_request_meta({"x-task": "code-generation", "x-slo-e2e-s": "2.5"}, {"prompt": "x"}, profile)
+    assert (meta.task, meta.slo.e2e_s, meta.max_tokens) == ("code-generation", 2.5, 256)
+    assert read_request_meta({}, {"prompt": "x"}, profile).slo == RequestSLO(e2e_s=12.0)  # the profile's
+    with pytest.raises(BadGatewayRequest, match="x-slo-e2e-s"):
+        read_request_meta({"x-slo-e2e-s": "soon"}, {}, profile)
+    spec = RequestSpec(7, 10, 20, task="chat", slo=RequestSLO(e2e_s=2.0))
+    assert slo_fields(spec) == {"slo": {"task": "chat", "request_id": 7, "e2e_s": 2.0}}
+    assert read_request_meta({}, {"prompt": "x", **slo_fields(spec)}, None).client_request_id == "7"
+
+
+def test_sse_counter_uses_usage_when_given_and_text_otherwise() -> None:
+    counter = SSETokenCounter()
+    stream = b'data: {"choices":[{"text":"a"}],"usage":{"completion_tokens":2}}\n\ndata: {"choices":[{"te'
+    counter.feed(stream)
+    counter.feed(b'xt":"b","finish_reason":"length"}],"usage":{"completion_tokens":5}}\n\ndata: [DONE]\n\n')
+    assert (counter.tokens, counter.finished) == (5, True)
+    plain = SSETokenCounter()
+    plain.feed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: {"choices":[{"delta":{"content":""}}]}\n\n')
+    assert (plain.tokens, plain.finished) == (1, False)

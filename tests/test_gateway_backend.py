@@ -1,0 +1,61 @@
+"""`GatewayBackend`: the load client through the gateway; the gateway's account completes the records."""
+
+from __future__ import annotations
+
+import asyncio
+
+from core.backends.base import LoadPlan
+from core.backends.factory import make_backend
+from core.backends.gateway import GatewayBackend
+from core.backends.live import UrlBackend
+from core.control.concurrency_cap import ConcurrencyCapPolicy
+from core.profile import load_profile
+from core.records import RequestSLO, RequestSpec, Status
+from tests.fakeserver import FakeOpenAIServer, StreamReply
+
+
+def open_specs(count: int, gap_s: float) -> list[RequestSpec]:
+    return [RequestSpec(i, 8, 4, arrival_s=i * gap_s, task="chat", slo=RequestSLO(e2e_s=5.0 + i)) for i in range(count)]
+
+
+def test_records_say_rejected_deferred_or_ok_and_add_up_to_what_was_sent() -> None:
+    async def scenario() -> None:
+        async with FakeOpenAIServer(StreamReply(first_delay_s=0.25), tokens_per_word=1) as fake:
+            profile = load_profile("quickstart")
+            backend = GatewayBackend(
+                UrlBackend(fake.base_url, metrics_interval_s=None),
+                profile,
+                "fcfs",
+                policy=ConcurrencyCapPolicy(cap=1, max_queue=3),
+                metrics_interval_s=None,
+            )
+            try:
+                # 6 requests within 0.1 s against one slot of 0.25 s and three queue places; the run's horizon
+                # (0.4 s) ends while two still wait: 2 served, 2 deferred, 2 rejected.
+                plan = LoadPlan(requests=iter(open_specs(6, 0.02)), duration_s=0.4)
+                outcome = await backend.run(plan)
+            finally:
+                await backend.close()
+            by_status = {s: [r for r in outcome.records if r.status is s] for s in Status}
+            counts = {s.value: len(v) for s, v in by_status.items() if v}
+            assert counts == {"ok": 2, "rejected": 2, "deferred": 2}, counts
+            assert all("queue full" in (r.error or "") for r in by_status[Status.REJECTED])
+            assert all("run ended" in (r.error or "") for r in by_status[Status.DEFERRED])
+            served = by_status[Status.OK]
+            assert all(r.replica == 0 and r.tier == "high" and r.dispatched_s is not None for r in served)
+            # The second one waited for the slot at the gateway: released about 0.25 s after it was sent.
+            waited = max(served, key=lambda r: r.request_id)
+            assert waited.dispatched_s is not None and waited.sent_s is not None
+            assert waited.dispatched_s - waited.sent_s > 0.15
+            assert fake.bodies[0]["max_tokens"] == 4 and "slo" not in fake.bodies[0]
+            stats = outcome.notes["gateway"]
+            assert (stats["received"], stats["completed"], stats["rejected"], stats["deferred"]) == (6, 2, 2, 2)
+
+    asyncio.run(scenario())
+
+
+def test_make_backend_puts_the_gateway_in_front_when_a_mode_is_asked_for() -> None:
+    profile = load_profile("quickstart")
+    backend = make_backend("url", profile, url="http://127.0.0.1:9", mode="fcfs")
+    assert isinstance(backend, GatewayBackend) and backend.mode == "fcfs"
+    assert isinstance(make_backend("url", profile, url="http://127.0.0.1:9"), UrlBackend)
