@@ -77,13 +77,9 @@ class TreePlanner:
         budget, spec_steps = self.scheduler.planned(n, replica.kv_used)
         # t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill
         # that will share the step (what is pending, within what the verification leaves of the budget).
-        pending = sum(r.prompt_left for r in replica.prefilling) + sum(r.prompt_left for r in replica.waiting)
-        prefill = min(pending, max(replica.token_budget - budget, 0))
+        prefill = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
         step_s = replica.model.step_time(budget + prefill, replica.kv_used, spec_steps, n + (prefill > 0))
-        need = []
-        truth = []
-        estimate = []
-        uniforms = []
+        rows = []
         tracked = self._tracked
         for item in decoding:
             track = tracked.get(item)
@@ -91,21 +87,33 @@ class TreePlanner:
                 track = tracked[item] = self._track(item)
             run = track.run
             k = run.next
-            if k >= len(run.truth):
+            if k >= len(run.steps):
                 run = track.run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
                 k = 0
             run.next = k + 1
-            truth.append(run.truth[k])
-            estimate.append(run.estimate[k])
-            uniforms.append(run.uniforms[k])
+            truth, estimate, uniform = run.steps[k]
             # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it.
-            need.append((now - track.first_token_s + step_s) / track.tpot_s - item.generated)
-        return DecodeBatch(budget, np.array(need), np.array(truth), np.array(estimate), np.array(uniforms))
+            rows.append(
+                ((now - track.first_token_s + step_s) / track.tpot_s - item.generated, truth, estimate, uniform)
+            )
+        columns = np.array(rows).T
+        return DecodeBatch(budget, columns[0], columns[1], columns[2], columns[3])
 
     def _track(self, item: StepRequest) -> _Tracked:
         tpot = item.req.spec.slo.tpot_s
         run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
         return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run)
+
+    @staticmethod
+    def _prefill_tokens(replica: StepwiseReplica, room: int) -> int:
+        """Prompt tokens pending in the replica, up to `room` (what a step could prefill)."""
+        pending = 0
+        for queue in (replica.prefilling, replica.waiting):
+            for r in queue:
+                pending += r.prompt_left
+                if pending >= room:
+                    return room
+        return pending
 
     @staticmethod
     def _plan_prefill(replica: StepwiseReplica, batch: BatchPlan, budget: int) -> None:

@@ -20,6 +20,7 @@ from core.control.adaserve.speculation import (
     candidate_shape,
     chain_selection,
     draft_estimate,
+    full_selection,
     path_probabilities,
     select,
 )
@@ -66,9 +67,7 @@ class StepDecision:
 class AcceptanceRun:
     """A request's per-step randomness, drawn ahead in one go (a step takes entry `next`)."""
 
-    truth: list[float]
-    estimate: list[float]
-    uniforms: list[float]
+    steps: list[tuple[float, float, float]]  # (true a, the draft's estimate, uniform) per step
     next: int = 0
 
 
@@ -78,7 +77,7 @@ def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSp
     m = min(max(mean, 1e-6), 1.0 - 1e-6)
     truth = rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps)
     estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng)
-    return AcceptanceRun(truth.tolist(), estimate.tolist(), rng.random(steps).tolist())
+    return AcceptanceRun(list(zip(truth.tolist(), estimate.tolist(), rng.random(steps).tolist(), strict=True)))
 
 
 class TreeScheduler:
@@ -93,7 +92,7 @@ class TreeScheduler:
         self.verified_tokens = 0  # roots included, over the run
         self.slo_tokens = 0  # draft tokens chosen in the SLO-customized phase
         self.draft_tokens = 0
-        self.accepted_tokens = 0
+        self.emitted_tokens = 0  # accepted drafts + the verifier's own token
 
     def budget(self, active: int, context_tokens: float) -> int:
         """B for this step: the profile's, or the roofline knee at the KV context the batch holds."""
@@ -127,16 +126,22 @@ class TreeScheduler:
         n = len(batch)
         depth, width = self.shape(n, batch.budget)
         shape = candidate_shape(depth, width)
-        both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
-        selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
-        accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
+        if batch.budget - n >= n * shape.size:
+            # Every candidate fits the budget: the selection is everything, whatever the draft estimated.
+            selection = full_selection(n, shape.size)
+            accepted = accepted_draft_tokens(shape, selection, path_probabilities(shape, batch.truth), batch.uniforms)
+        else:
+            both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
+            selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
+            accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
         drafted = int(selection.counts.sum())
         self.steps += 1
         self.verified_tokens += drafted + n
         self.slo_tokens += int(selection.slo_counts.sum())
         self.draft_tokens += drafted
-        self.accepted_tokens += int(accepted.sum())
-        return StepDecision(verified=selection.counts + 1, emitted=accepted + 1, spec_steps=depth if drafted else 0)
+        emitted = accepted + 1
+        self.emitted_tokens += int(emitted.sum())
+        return StepDecision(verified=selection.counts + 1, emitted=emitted, spec_steps=depth if drafted else 0)
 
     def describe(self) -> dict[str, float | int]:
         steps = max(self.steps, 1)
@@ -144,7 +149,9 @@ class TreeScheduler:
             "verified_tokens_per_step": round(self.verified_tokens / steps, 2),
             "draft_tokens_per_step": round(self.draft_tokens / steps, 2),
             "slo_share_of_drafts": round(self.slo_tokens / max(self.draft_tokens, 1), 3),
-            "acceptance_of_drafts": round(self.accepted_tokens / max(self.draft_tokens, 1), 3),
+            "acceptance_of_drafts": round(
+                (self.emitted_tokens - self.verified_tokens + self.draft_tokens) / max(self.draft_tokens, 1), 3
+            ),
         }
 
 
