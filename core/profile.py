@@ -362,6 +362,36 @@ class AdaServeSpec(Strict):
         return self
 
 
+class SaberSpec(Strict):
+    """SABER settings (paper 001; core/control/saber.py). Used by `--mode saber` and `--job compare`."""
+
+    # Admission samples a window of this many requests at the high tier's head (sec. IV-C step 2); the paper
+    # gives no value; 4 is ours.
+    window_size: Annotated[int, Field(ge=1)] = 4
+    # The estimation function f(L) (sec. IV-B): the paper's choice is USL; linear and logistic are the
+    # alternatives of its sec. VII.
+    speed_model: Literal["usl", "linear", "logistic"] = "usl"
+    # Offline profiling: the concurrency levels of the closed-loop runs (about 1,000 points in all).
+    profile_loads: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=2)] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 100]
+    )
+    # Low tier, best-effort: a replica takes a low-tier request only below this load (None: no cap beyond
+    # protecting the admitted requests' recorded speeds; see SaberPolicy._release_low).
+    best_effort_max_load: Annotated[int, Field(ge=1)] | None = None
+    # Protect what running requests still need, estimated from f(L) since admission, instead of the speed
+    # recorded at admission (see SaberPolicy._refreshed_floor; false is the paper's literal check).
+    track_progress: bool = False
+    # When a queued request counts as infeasible (demoted to the low tier): "fastest", the paper's rule, once
+    # its required speed exceeds f(1); "offered-load" (ours), once it exceeds f(L*), L* the concurrency the
+    # recent arrivals need (see SaberPolicy._feasible_speed).
+    feasibility: Literal["fastest", "offered-load"] = "fastest"
+    # `--job compare`'s fcfs-best-static baseline: fcfs at each of these max_num_seqs, the best one kept
+    # (the paper sweeps static caps 10-100 in steps of 10, sec. III-B).
+    static_caps: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = Field(
+        default_factory=lambda: list(range(10, 101, 10))
+    )
+
+
 class SlosServeSpec(Strict):
     """SLOs-Serve settings (paper 004), used by `mode: slos-serve` (core/control/slos_serve).
 
@@ -404,6 +434,9 @@ class Profile(Strict):
     mode: str = "fcfs"
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
     adaserve: AdaServeSpec = Field(default_factory=AdaServeSpec)
+
+
+    saber: SaberSpec = Field(default_factory=SaberSpec)
     slos_serve: SlosServeSpec = Field(default_factory=SlosServeSpec)
     # Extension sections owned by other capabilities (live server, tuner, energy) are added here.
 
