@@ -42,7 +42,7 @@ class BatchArgs:
     out: Path | None = None
     argv: list[str] | None = None
     resume: bool = False  # --job tune: continue the journal in --out instead of starting a new one
-    mode: str | None = None  # scheduling mode (core/control/modes.py); None: the profile's
+    mode: str | None = None  # --mode: the scheduling mode (core/control/modes.py); None: the profile's `mode`
 
 
 class EventWriter:
@@ -143,13 +143,16 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     from core.backends.factory import make_backend
     from core.jobs import RunOptions, run_workload, summary_event
 
+    profile = _apply_mode(args, profile)
+    if args.job == "compare":
+        return _run_compare_job(args, profile, sink)
     if args.job == "tune":
         return _run_tune_job(args, profile, sink)
     if args.job == "calibrate":
         return _run_calibrate_job(args, profile, sink)
     if args.job != "run":
         raise ProfileError(
-            f"--job {args.job}: not available in this version; use --job run, --job tune or --job calibrate"
+            f"--job {args.job}: not available in this version; use --job run, tune, calibrate or compare"
         )
     backend = make_backend(args.backend, profile, seed=args.seed, url=args.url, mode=args.mode)  # type: ignore[arg-type]
     requests = RequestWriter(args.out / "requests.jsonl") if args.out is not None else None
@@ -188,6 +191,41 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     if result.summary.requests > 0 and result.summary.completed == 0:
         log.error("every request failed; see the error field in requests.jsonl (--out) for the cause")
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def _apply_mode(args: BatchArgs, profile: Profile) -> Profile:
+    """--mode overrides the profile's `mode`; an unknown name (either place) is a usage error (exit 2)."""
+    from core.control.modes import MODES
+
+    name = args.mode if args.mode is not None else profile.mode
+    if name not in MODES:
+        where = "--mode" if args.mode is not None else f"{args.profile}: mode"
+        raise ProfileError(f"{where} {name!r} is not a scheduling mode; choose one of: {', '.join(MODES)}")
+    return profile if name == profile.mode else profile.model_copy(update={"mode": name})
+
+
+def _run_compare_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
+    """--job compare: every mode and the best static max_num_seqs on the same arrivals (core/compare.py)."""
+    from core.compare import compare_summary_event, format_table, run_compare
+
+    if args.backend != "sim":
+        raise ProfileError("--job compare runs on the simulator; drop --backend (live modes: --job run --mode NAME)")
+    if args.mode is not None:
+        log.info("--job compare runs every mode; --mode %s is ignored", args.mode)
+    result = asyncio.run(
+        _run_cancellable(
+            lambda: run_compare(profile, seed=args.seed, requests=args.requests, duration_s=args.duration_s, sink=sink)
+        )
+    )
+    final = compare_summary_event(result)
+    log.info("%s: compare, seed %d, %.1f s wall\n%s", profile.name, result.seed, result.wall_s, format_table(result))
+    if args.out is not None:
+        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    sink(final)
+    if result.interrupted:
+        log.warning("interrupted: the table covers the modes finished before Ctrl-C")
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 
