@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.control.adaserve.planner import AdaServePolicy
 from core.control.policy import Policy
 from core.control.slos_serve.policy import SlosServePolicy
 from core.profile import Calibration, Profile, ProfileError
@@ -55,6 +56,7 @@ MODES: dict[str, PolicyFactory] = {
     "slos-serve": lambda ctx: SlosServePolicy(
         ctx.calibration, ctx.profile.knobs, ctx.profile.slos_serve, replicas=ctx.replicas
     ),
+    "adaserve": lambda ctx: AdaServePolicy(ctx.profile.adaserve, ctx.calibration, seed=ctx.seed),
 }
 
 
