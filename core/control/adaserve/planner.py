@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.control.adaserve.scheduler import AcceptanceRun, DecodeBatch, StaticScheduler, TreeScheduler, draw_run
-from core.control.policy import Policy
+from core.control.policy import ControlledRequest, Policy
 from core.profile import AdaServeSpec, Calibration
 from core.sim.perf_model import StepTimeModel
 
@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from core.sim.stepwise import BatchPlan, StepRequest, StepwiseReplica
 
 Scheduler = TreeScheduler | StaticScheduler
+NO_TPOT_PRIORITY = 1_000_000  # vLLM priority of a request without a TPOT SLO: after every one that has one
 
 
 @dataclass(slots=True)
@@ -181,6 +182,13 @@ class AdaServePolicy(Policy):
         planner = TreePlanner(scheduler, self.spec, shortcut=self.shortcut)
         self.planners.append(planner)
         return planner
+
+    def upstream_priority(self, req: ControlledRequest) -> int | None:
+        """Live approximation (a vLLM verifies one speculation setting for the whole batch, so per-request
+        trees cannot run there): urgency by TPOT SLO. vLLM's priority scheduling serves lower values first,
+        so the value is the TPOT SLO in milliseconds; requests without one go last."""
+        tpot = req.spec.slo.tpot_s
+        return NO_TPOT_PRIORITY if tpot is None else max(0, round(tpot * 1000))
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"mode": self.name, **self.spec.model_dump()}
