@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from core.control.adaserve.scheduler import roofline_budget
 from core.control.adaserve.trees import adaptive_shape
-from core.profile import AdaServeSpec, Calibration
+from core.profile import AdaServeSpec, Calibration, Profile, load_calibration
 from core.sim.perf_model import StepTimeModel
 
 SCHEDULE_CONFIG_KEY = "num_speculative_tokens_per_batch_size"
@@ -44,3 +44,15 @@ def speculation_schedule(
         else:
             schedule.append((n, n, tokens))
     return schedule
+
+
+def live_speculation_extra(profile: Profile) -> dict[str, object]:
+    """The --speculative-config keys `--backend vllm --mode adaserve` adds: the batch-size schedule, when the
+    profile turns speculation on (its spec_width is the most speculative tokens any batch size gets)."""
+    width = profile.knobs.effective_spec_width
+    if width <= 0 or not profile.adaserve.live_schedule:
+        return {}
+    schedule = speculation_schedule(
+        profile.adaserve, load_calibration(profile), max_num_seqs=profile.knobs.max_num_seqs, max_width=width
+    )
+    return {SCHEDULE_CONFIG_KEY: [list(entry) for entry in schedule]}

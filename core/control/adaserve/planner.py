@@ -169,10 +169,21 @@ class AdaServePolicy(Policy):
 
     name = "adaserve"
 
-    def __init__(self, spec: AdaServeSpec, calibration: Calibration, seed: int = 0, *, shortcut: bool = True) -> None:
+    def __init__(
+        self,
+        spec: AdaServeSpec,
+        calibration: Calibration,
+        seed: int = 0,
+        *,
+        shortcut: bool = True,
+        send_priority: bool = False,
+    ) -> None:
         self.spec = spec
         self.calibration = calibration
         self.seed = seed
+        # Live: send urgency as vLLM's priority, only when the server schedules by priority (the profile's
+        # knobs.scheduling_policy): under FCFS the field does nothing, and older vLLM releases refuse it.
+        self.send_priority = send_priority
         self.shortcut = shortcut  # TreePlanner.shortcut (tests turn it off to check it changes nothing)
         self.planners: list[TreePlanner] = []
 
@@ -187,6 +198,8 @@ class AdaServePolicy(Policy):
         """Live approximation (a vLLM verifies one speculation setting for the whole batch, so per-request
         trees cannot run there): urgency by TPOT SLO. vLLM's priority scheduling serves lower values first,
         so the value is the TPOT SLO in milliseconds; requests without one go last."""
+        if not self.send_priority:
+            return None
         tpot = req.spec.slo.tpot_s
         return NO_TPOT_PRIORITY if tpot is None else max(0, round(tpot * 1000))
 
