@@ -259,6 +259,7 @@ class _LoadRun:
         self.requests: Iterator[tuple[RequestSpec, bytes | None]] = iter(())
         self.sent = 0
         self.not_sent = 0
+        self.measuring = False  # a measured (not warm-up) request has been sent
         self.schedule_errors: list[float] = []
         self.queue_waits: list[float] = []
         self.server_lost: str | None = None
@@ -365,6 +366,12 @@ class _LoadRun:
 
     async def _execute(self, spec: RequestSpec, ordinal: int, body: bytes | None, ready_s: float | None = None) -> None:
         record = self.client.new_record(spec, warmup=self._is_warmup(spec, ordinal))
+        if not record.warmup and not self.measuring:
+            self.measuring = True
+            # Tell an observer that measures energy: the measurement window starts with this send.
+            on_measurement_start = getattr(self.observer, "on_measurement_start", None)
+            if on_measurement_start is not None:
+                on_measurement_start(self.now())
         try:
             await self.client.send(spec, self.start, record, ready_s=ready_s, body=body)
         finally:
