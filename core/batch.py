@@ -220,6 +220,8 @@ def _run_compare_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> in
     )
     final = compare_summary_event(result)
     log.info("%s: compare, seed %d, %.1f s wall\n%s", profile.name, result.seed, result.wall_s, format_table(result))
+    for mode, reason in result.skipped.items():
+        log.warning("mode %s skipped: %s", mode, reason)
     if args.out is not None:
         (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
     sink(final)

@@ -69,6 +69,7 @@ class CompareResult:
     static_sweep: dict[int, float]  # max_num_seqs -> SLO attainment of fcfs at that cap
     wall_s: float
     interrupted: bool = False
+    skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it could not run on this profile
 
     def row(self, mode: str) -> ModeRow:
         return next(r for r in self.rows if r.mode == mode)
@@ -127,12 +128,18 @@ async def run_compare(
     start = time.perf_counter()
     sink(make_event("start", job="compare", profile=profile.name, seed=seed, modes=[*names, BEST_STATIC]))
     rows: list[ModeRow] = []
+    skipped: dict[str, str] = {}
     interrupted = False
     for name in names:
         if name == BEST_STATIC:
             continue
         t0 = time.perf_counter()
-        result, policy = await run_mode(profile.model_copy(update={"mode": name}), name, seed, options)
+        try:
+            result, policy = await run_mode(profile.model_copy(update={"mode": name}), name, seed, options)
+        except ProfileError as exc:  # a mode this workload cannot run (e.g. SABER on a trace without tasks)
+            skipped[name] = str(exc)
+            sink(make_event("compare_row", mode=name, skipped=str(exc)))
+            continue
         rows.append(ModeRow(name, profile.knobs.max_num_seqs, result.summary, time.perf_counter() - t0, policy))
         sink(make_event("compare_row", mode=name, **rows[-1].fields()))
         interrupted |= result.interrupted
@@ -156,7 +163,7 @@ async def run_compare(
             policy = {"mode": "fcfs", "static_sweep": {str(k): v for k, v in sweep.items()}}
             rows.append(ModeRow(BEST_STATIC, cap, result.summary, time.perf_counter() - t0, policy))
             sink(make_event("compare_row", mode=BEST_STATIC, **rows[-1].fields()))
-    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted)
+    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped)
 
 
 def compare_summary_event(result: CompareResult) -> dict[str, Any]:
@@ -170,6 +177,7 @@ def compare_summary_event(result: CompareResult) -> dict[str, Any]:
         interrupted=result.interrupted,
         modes={row.mode: row.fields() for row in result.rows},
         static_sweep={str(cap): value for cap, value in result.static_sweep.items()},
+        skipped=result.skipped,
         compare_wall_s=result.wall_s,
     )
 
