@@ -354,6 +354,9 @@ class AdaServeSpec(Strict):
     step_concentration: Annotated[float, Field(gt=0)] = 20.0
     mismatch: Annotated[float, Field(ge=0)] = 0.5
     overconfidence: float = 0.0
+    # Live (--backend vllm): add eq. 8 as vLLM's batch-size speculation schedule to --speculative-config
+    # (num_speculative_tokens_per_batch_size); turn off for a vLLM that does not have that key.
+    live_schedule: bool = True
 
     @model_validator(mode="after")
     def _ordered_depths(self) -> AdaServeSpec:

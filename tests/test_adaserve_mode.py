@@ -111,6 +111,17 @@ def test_a_misjudging_draft_costs_slo_attainment() -> None:
     assert bad[0] >= good[0] + 10 and bad[1] < good[1]
 
 
+def test_the_full_tree_shortcut_changes_nothing() -> None:
+    """Steps whose budget holds every candidate skip the selection; the outcome is the general path's."""
+    profile = mix(requests=200)
+    calibration = load_calibration(profile)
+    fast = simulate(profile, lambda: AdaServePolicy(profile.adaserve, calibration))
+    general = simulate(profile, lambda: AdaServePolicy(profile.adaserve, calibration, shortcut=False))
+    assert [(r.request_id, r.end_s, len(r.chunk_times)) for r in fast] == [
+        (r.request_id, r.end_s, len(r.chunk_times)) for r in general
+    ]
+
+
 def test_same_seed_same_run() -> None:
     profile = mix(requests=150)
     calibration = load_calibration(profile)

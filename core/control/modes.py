@@ -56,7 +56,12 @@ MODES: dict[str, PolicyFactory] = {
     "slos-serve": lambda ctx: SlosServePolicy(
         ctx.calibration, ctx.profile.knobs, ctx.profile.slos_serve, replicas=ctx.replicas
     ),
-    "adaserve": lambda ctx: AdaServePolicy(ctx.profile.adaserve, ctx.calibration, seed=ctx.seed),
+    "adaserve": lambda ctx: AdaServePolicy(
+        ctx.profile.adaserve,
+        ctx.calibration,
+        seed=ctx.seed,
+        send_priority=ctx.profile.knobs.scheduling_policy == "priority",
+    ),
 }
 
 

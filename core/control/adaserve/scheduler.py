@@ -11,7 +11,7 @@ Both are free of the engine: the stepwise replica's planner (planner.py) feeds t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -68,7 +68,23 @@ class AcceptanceRun:
     """A request's per-step randomness, drawn ahead in one go (a step takes entry `next`)."""
 
     steps: list[tuple[float, float, float]]  # (true a, the draft's estimate, uniform) per step
+    truth: np.ndarray
+    uniforms: np.ndarray
     next: int = 0
+    # Accepted draft tokens at every step if the whole (d, w) candidate tree is verified, by (d, w).
+    _full: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+
+    def full_tree_accepted(self, depth: int, width: int) -> list[int]:
+        """The draws of `accepted_draft_tokens` for the full candidate tree, for all steps at once: they use
+        the same per-step truth and uniform as the general path, so the outcome is the same."""
+        known = self._full.get((depth, width))
+        if known is None:
+            shape = candidate_shape(depth, width)
+            steps = len(self.truth)
+            selection = full_selection(steps, shape.size)
+            probs = path_probabilities(shape, self.truth)
+            known = self._full[(depth, width)] = accepted_draft_tokens(shape, selection, probs, self.uniforms).tolist()
+        return known
 
 
 def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSpec) -> AcceptanceRun:
@@ -77,7 +93,9 @@ def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSp
     m = min(max(mean, 1e-6), 1.0 - 1e-6)
     truth = rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps)
     estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng)
-    return AcceptanceRun(list(zip(truth.tolist(), estimate.tolist(), rng.random(steps).tolist(), strict=True)))
+    uniforms = rng.random(steps)
+    rows = list(zip(truth.tolist(), estimate.tolist(), uniforms.tolist(), strict=True))
+    return AcceptanceRun(rows, truth, uniforms)
 
 
 class TreeScheduler:
@@ -88,6 +106,8 @@ class TreeScheduler:
         self.model = model
         self.rng = rng
         self._shapes: dict[tuple[int, int], tuple[int, int]] = {}
+        self._budget_key: tuple[int, float] = (-1, 0.0)
+        self._budget = 0
         self.steps = 0
         self.verified_tokens = 0  # roots included, over the run
         self.slo_tokens = 0  # draft tokens chosen in the SLO-customized phase
@@ -98,7 +118,11 @@ class TreeScheduler:
         """B for this step: the profile's, or the roofline knee at the KV context the batch holds."""
         if self.spec.budget is not None:
             return max(self.spec.budget, active)
-        return roofline_budget(self.model, context_tokens, active)
+        key = (active, context_tokens)
+        if key != self._budget_key:  # asked twice a step (full_tree, then planned) with the same batch
+            self._budget_key = key
+            self._budget = roofline_budget(self.model, context_tokens, active)
+        return self._budget
 
     def shape(self, active: int, budget: int) -> tuple[int, int]:
         """(d, w) for `active` decoding requests (eqs. 8-9, B1 = this step's budget), memoised."""
@@ -121,6 +145,20 @@ class TreeScheduler:
         """(tokens verified, draft passes) of the coming step; the planner prices it for A(r)'s t_spec."""
         budget = self.budget(active, context_tokens)
         return budget, self.shape(active, budget)[0]
+
+    def full_tree(self, active: int, context_tokens: float) -> tuple[int, int] | None:
+        """(d, w) when this step's budget holds every candidate of every request (then the selection is all
+        of them, whatever the SLOs and estimates), else None."""
+        budget = self.budget(active, context_tokens)
+        depth, width = self.shape(active, budget)
+        return (depth, width) if budget - active >= active * depth * width else None
+
+    def record_full(self, active: int, size: int, emitted: int) -> None:
+        """Account a step the planner served from `full_tree` (every request verified `size` drafts)."""
+        self.steps += 1
+        self.verified_tokens += active * (size + 1)
+        self.draft_tokens += active * size
+        self.emitted_tokens += emitted
 
     def step(self, batch: DecodeBatch) -> StepDecision:
         n = len(batch)
@@ -168,6 +206,13 @@ class StaticScheduler:
 
     def planned(self, active: int, context_tokens: float) -> tuple[int, int]:
         return active * (self.width + 1), self.width
+
+    def full_tree(self, active: int, context_tokens: float) -> tuple[int, int] | None:
+        """A k-chain is the whole candidate tree of a depth-k, width-1 beam search."""
+        return (self.width, 1) if self.width > 0 else None
+
+    def record_full(self, active: int, size: int, emitted: int) -> None:
+        return None
 
     def step(self, batch: DecodeBatch) -> StepDecision:
         n = len(batch)
