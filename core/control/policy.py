@@ -152,6 +152,12 @@ class Policy:
         engine's own FCFS batching (the fast path)."""
         return None
 
+    def upstream_priority(self, req: ControlledRequest) -> int | None:
+        """The `priority` the live gateway sends with this request to vLLM (which, started with
+        `--scheduling-policy priority`, schedules lower values first and preempts higher ones); None sends
+        none. The simulator does not use it."""
+        return None
+
     def describe(self) -> dict[str, Any]:
         """Settings worth printing in a summary or factsheet."""
         return {"mode": self.name}

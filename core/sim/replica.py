@@ -120,15 +120,18 @@ class EngineReplica:
 
     def enqueue(self, req: SimRequest, now: float) -> None:
         """Accept a request released at `now`; an idle replica's next step starts no earlier than that."""
-        if not self.has_work() and self.clock < now:
-            self.clock = now
+        self._wake_at(now)
         if self.width > 0:
-            spec = req.spec
-            mean = spec.acceptance if spec.acceptance is not None else self.calibration.default_acceptance
-            req.tokens_per_step = expected_accepted_tokens(self._draw_acceptance(mean), self.width)
+            req.tokens_per_step = expected_accepted_tokens(self._draw_acceptance(req.spec), self.width)
         self.waiting.append(req)
 
-    def _draw_acceptance(self, mean: float) -> float:
+    def _wake_at(self, now: float) -> None:
+        if not self.has_work() and self.clock < now:
+            self.clock = now
+
+    def _draw_acceptance(self, spec: RequestSpec) -> float:
+        """This request's draft acceptance rate: a Beta draw around its task's mean (or the calibration's)."""
+        mean = spec.acceptance if spec.acceptance is not None else self.calibration.default_acceptance
         concentration = self.calibration.acceptance_concentration
         if mean <= 0.0:
             return 0.0

@@ -146,13 +146,11 @@ class StepwiseReplica(EngineReplica):
         self.admitted: list[StepRequest] = []  # admission order, for LIFO preemption
 
     def enqueue(self, req: SimRequest, now: float) -> None:
-        if not self.has_work() and self.clock < now:
-            self.clock = now
+        self._wake_at(now)
         spec = req.spec
         item = StepRequest(req=req, prompt_left=spec.prompt_tokens, out_left=spec.output_tokens)
         if self.width > 0 or self.planner.wants_acceptance:
-            mean = spec.acceptance if spec.acceptance is not None else self.calibration.default_acceptance
-            item.acceptance = self._draw_acceptance(mean)
+            item.acceptance = self._draw_acceptance(spec)
         self.waiting.append(item)
 
     def has_work(self) -> bool:
