@@ -318,8 +318,9 @@ class TunerSpec(Strict):
     # configurations live (plus the baseline and the final re-measurement).
     guided: bool = False
     guided_verify: Annotated[int, Field(ge=1)] = 3
-    # Verify first the configurations whose simulated p99 is within this share of the SLO (1.0: any that
-    # meets it). Below 1 when the simulator is known to under-state this machine's tail latency.
+    # Verify first the configurations whose simulated p99 (guided: scaled by the error measured so far) is
+    # within this share of the SLO (1.0: any that meets it). Below 1 when the simulator is known to
+    # under-state this machine's tail latency.
     guided_headroom: Annotated[float, Field(gt=0, le=1)] = 1.0
     # Then, while the segment budget lasts, climb live from the best verified point over simulator-ranked
     # moves (simrank): a simulator that is wrong about this machine is corrected by measurement.

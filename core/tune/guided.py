@@ -204,8 +204,10 @@ def next_pick(swept: dict[tuple[int, int, int], Segment], target: Evaluator, rat
         if key in measured or not seg.ok or _outcome(seg) in seen:
             continue
         p99_s = seg.p99_s * ratio
-        # SLO first (paper 000 design goal 2), then eq. 3's score, as Evaluator.best() chooses the answer.
-        rank = (p99_s <= target.slo_s, target.score_of(seg.point, seg.goodput_rps, p99_s), _neg(seg.point))
+        # SLO first (paper 000 design goal 2), then eq. 3's score, as Evaluator.best() chooses the answer;
+        # `guided_headroom` < 1 asks for room under the SLO where the user knows the simulator is optimistic.
+        meets = p99_s <= target.spec.guided_headroom * target.slo_s
+        rank = (meets, target.score_of(seg.point, seg.goodput_rps, p99_s), _neg(seg.point))
         if best is None or rank > best:
             best, pick = rank, seg
     return pick
