@@ -169,7 +169,8 @@ class TreeScheduler:
             accepted = accepted_draft_tokens(shape, selection, path_probabilities(shape, batch.truth), batch.uniforms)
         else:
             both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
-            selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
+            need = batch.need if self.spec.slo_selection else np.minimum(batch.need, 0.0)  # ablation: none behind
+            selection = select(both[:n], need, batch.budget, depth, self.spec.n_max)
             accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
         self.slo_tokens += selection.slo_total  # the rest of the account: record(), from the planner's lists
         return StepDecision(verified=selection.counts + 1, emitted=accepted + 1, spec_steps=depth)
