@@ -418,6 +418,13 @@ class SlosServeSpec(Strict):
     max_spec_len: Annotated[int, Field(ge=0, le=16)] | None = None
     # Largest batch the planner forms (tokens); None: knobs.max_num_batched_tokens.
     max_batch_tokens: Annotated[int, Field(ge=1)] | None = None
+    # Algorithm 2's batch formation and the adaptive speculation inside the simulated engine; false:
+    # admission control only, in front of vLLM's own batching (what a live deployment gets).
+    batch_formation: bool = True
+    # Batch size: None = as large as the tightest TPOT allows (Algorithm 2 as published); a share (0.95) =
+    # the smallest batch with that share of the largest one's token throughput (the roofline's knee): past
+    # it a larger batch adds little throughput but slows every decode, so requests hold their KV longer.
+    knee_efficiency: Annotated[float, Field(gt=0, le=1)] | None = 0.95
     # SLOs assumed for requests that carry none of their own.
     default_ttft_s: Annotated[float, Field(gt=0)] = 1.0
     default_tpot_s: Annotated[float, Field(gt=0)] = 0.1

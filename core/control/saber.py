@@ -16,7 +16,9 @@ can only make a held request less admissible. So one call that admits until noth
 loop with delta -> 0, and the only timer needed is the next demotion.
 
 Beyond the paper (single replica): with several replicas, a request goes to the least-loaded replica on
-which both conditions hold.
+which both conditions hold. Two more departures are options, off by default (their measured effect is in
+the README): `track_progress` (protect what a running request still needs, not the speed recorded at its
+admission) and `feasibility="offered-load"` (demote above the speed the current load allows, not above f(1)).
 """
 
 from __future__ import annotations
