@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from core.backends.base import BackendUnavailable
-from core.events import Event, to_json_line
+from core.events import Event, make_event, to_json_line
 from core.profile import Profile, ProfileError, load_profile
 
 EXIT_OK = 0
@@ -150,9 +150,11 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
         return _run_tune_job(args, profile, sink)
     if args.job == "calibrate":
         return _run_calibrate_job(args, profile, sink)
+    if args.job == "capacity":
+        return _run_capacity_job(args, profile, sink)
     if args.job != "run":
         raise ProfileError(
-            f"--job {args.job}: not available in this version; use --job run, tune, calibrate or compare"
+            f"--job {args.job}: not available in this version; use --job run, tune, calibrate, compare or capacity"
         )
     backend = make_backend(args.backend, profile, seed=args.seed, url=args.url, mode=args.mode)  # type: ignore[arg-type]
     requests = RequestWriter(args.out / "requests.jsonl") if args.out is not None else None
@@ -228,6 +230,32 @@ def _run_compare_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> in
     if result.interrupted:
         log.warning("interrupted: the table covers the modes finished before Ctrl-C")
         return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _run_capacity_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
+    """--job capacity: each mode's highest rate at >= 90% SLO attainment, by bisection on the simulator."""
+    from core.capacity import format_table, run_capacity
+
+    if args.backend != "sim":
+        raise ProfileError("--job capacity bisects on the simulator; drop --backend")
+    # --mode NAME: that mode beside the fcfs baseline; without it, every mode.
+    modes = None if args.mode is None else list(dict.fromkeys(["fcfs", args.mode]))
+    results = asyncio.run(
+        _run_cancellable(lambda: run_capacity(profile, modes=modes, seed=args.seed, requests=args.requests, sink=sink))
+    )
+    table = format_table(profile, results)
+    log.info("%s", table)
+    final = make_event(
+        "summary",
+        job="capacity",
+        profile=profile.name,
+        replicas=profile.replicas,
+        modes={r.mode: r.fields() for r in results},
+    )
+    if args.out is not None:
+        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    sink(final)
     return EXIT_OK
 
 

@@ -354,6 +354,9 @@ class AdaServeSpec(Strict):
     step_concentration: Annotated[float, Field(gt=0)] = 20.0
     mismatch: Annotated[float, Field(ge=0)] = 0.5
     overconfidence: float = 0.0
+    # Algorithm 2's SLO-customized phase; false leaves only the throughput-optimized selection (an
+    # ablation, as the paper's Fig. 16, which the benchmark reports).
+    slo_selection: bool = True
     # Live (--backend vllm): add eq. 8 as vLLM's batch-size speculation schedule to --speculative-config
     # (num_speculative_tokens_per_batch_size); turn off for a vLLM that does not have that key.
     live_schedule: bool = True
@@ -415,6 +418,13 @@ class SlosServeSpec(Strict):
     max_spec_len: Annotated[int, Field(ge=0, le=16)] | None = None
     # Largest batch the planner forms (tokens); None: knobs.max_num_batched_tokens.
     max_batch_tokens: Annotated[int, Field(ge=1)] | None = None
+    # Algorithm 2's batch formation and the adaptive speculation inside the simulated engine; false:
+    # admission control only, in front of vLLM's own batching (what a live deployment gets).
+    batch_formation: bool = True
+    # Batch size: None = as large as the tightest TPOT allows (Algorithm 2 as published); a share (0.95) =
+    # the smallest batch with that share of the largest one's token throughput (the roofline's knee): past
+    # it a larger batch adds little throughput but slows every decode, so requests hold their KV longer.
+    knee_efficiency: Annotated[float, Field(gt=0, le=1)] | None = 0.95
     # SLOs assumed for requests that carry none of their own.
     default_ttft_s: Annotated[float, Field(gt=0)] = 1.0
     default_tpot_s: Annotated[float, Field(gt=0)] = 0.1
