@@ -20,7 +20,7 @@ import numpy as np
 
 from core.control.adaserve.scheduler import AcceptanceRun, DecodeBatch, StaticScheduler, TreeScheduler, draw_run
 from core.control.policy import ControlledRequest, Policy
-from core.profile import AdaServeSpec, Calibration
+from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.sim.perf_model import StepTimeModel
 
 if TYPE_CHECKING:
@@ -205,6 +205,9 @@ class AdaServePolicy(Policy):
             return None
         tpot = req.spec.slo.tpot_s
         return NO_TPOT_PRIORITY if tpot is None else max(0, round(tpot * 1000))
+
+    def speculation(self, knobs: KnobsSpec) -> str:
+        return "token trees (draft)"
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"mode": self.name, **self.spec.model_dump()}
