@@ -365,6 +365,9 @@ class AdaServeSpec(Strict):
     step_concentration: Annotated[float, Field(gt=0)] = 20.0
     mismatch: Annotated[float, Field(ge=0)] = 0.5
     overconfidence: float = 0.0
+    # Algorithm 2's SLO-customized phase; false leaves only the throughput-optimized selection (an
+    # ablation, as the paper's Fig. 16, which the benchmark reports).
+    slo_selection: bool = True
     # Live (--backend vllm): add eq. 8 as vLLM's batch-size speculation schedule to --speculative-config
     # (num_speculative_tokens_per_batch_size); turn off for a vLLM that does not have that key.
     live_schedule: bool = True

@@ -159,3 +159,16 @@ def test_profile_refuses_inverted_depth_bounds(tmp_path) -> None:  # type: ignor
     )
     with pytest.raises(ProfileError, match="depth_bounds: D_min 4 is above D_max 2"):
         load_profile(path)
+
+
+def test_the_slo_phase_ablation_chooses_no_slo_tokens() -> None:
+    """`slo_selection: false` leaves only the throughput-optimized phase (the paper's Fig. 16 ablation)."""
+    profile = mix(requests=200)
+    calibration = load_calibration(profile)
+    policies = {}
+    for flag in (True, False):
+        spec = profile.adaserve.model_copy(update={"slo_selection": flag})
+        policies[flag] = AdaServePolicy(spec, calibration)
+        simulate(profile, lambda p=policies[flag]: p)
+    assert policies[True].describe()["slo_share_of_drafts"] > 0.0
+    assert policies[False].describe()["slo_share_of_drafts"] == 0.0

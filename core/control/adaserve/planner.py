@@ -20,7 +20,7 @@ import numpy as np
 
 from core.control.adaserve.scheduler import AcceptanceRun, DecodeBatch, StaticScheduler, TreeScheduler, draw_run
 from core.control.policy import ControlledRequest, Policy
-from core.profile import AdaServeSpec, Calibration
+from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.sim.perf_model import StepTimeModel
 
 if TYPE_CHECKING:
@@ -64,15 +64,18 @@ class TreePlanner:
         elif decoding:
             decision = self.scheduler.step(self._decode_batch(replica, now))
             counts = decision.verified.tolist()
+            emitted = decision.emitted.tolist()
             batch.decode = list(zip(decoding, counts, strict=True))
-            batch.spec_steps = decision.spec_steps
-            self._emitted = dict(zip(decoding, decision.emitted.tolist(), strict=True))
             verified = sum(counts)
+            # A step that drafts nothing runs no draft passes.
+            batch.spec_steps = decision.spec_steps if verified > len(decoding) else 0
+            self._emitted = dict(zip(decoding, emitted, strict=True))
+            self.scheduler.record(len(decoding), verified, sum(emitted))
         self._plan_prefill(replica, batch, replica.token_budget - verified)
         return batch
 
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
-        emitted = min(self._emitted.get(request, 1), verified)
+        emitted = self._emitted.get(request, 1)  # never above `verified`: it is 1 + accepted draft tokens
         if emitted >= request.out_left:  # it finishes this step
             self._tracked.pop(request, None)
         return emitted
@@ -91,7 +94,7 @@ class TreePlanner:
         self._emitted = emitted
         batch.decode = [(item, size + 1) for item in decoding]
         batch.spec_steps = depth
-        self.scheduler.record_full(len(decoding), size, total)
+        self.scheduler.record(len(decoding), len(decoding) * (size + 1), total)
         return len(decoding) * (size + 1)
 
     def _next_run(self, item: StepRequest) -> AcceptanceRun:
@@ -100,7 +103,7 @@ class TreePlanner:
         if track is None:
             track = self._tracked[item] = self._track(item)
         run = track.run
-        if run.next >= len(run.steps):
+        if run.next >= run.length:
             run = track.run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
         run.next += 1
         return run
@@ -118,7 +121,7 @@ class TreePlanner:
         for item in decoding:
             run = self._next_run(item)
             track = tracked[item]
-            truth, estimate, uniform = run.steps[run.next - 1]
+            truth, estimate, uniform = run.row(run.next - 1)
             # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it.
             rows.append(
                 ((now - track.first_token_s + step_s) / track.tpot_s - item.generated, truth, estimate, uniform)
@@ -202,6 +205,9 @@ class AdaServePolicy(Policy):
             return None
         tpot = req.spec.slo.tpot_s
         return NO_TPOT_PRIORITY if tpot is None else max(0, round(tpot * 1000))
+
+    def speculation(self, knobs: KnobsSpec) -> str:
+        return "token trees (draft)"
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"mode": self.name, **self.spec.model_dump()}

@@ -39,6 +39,7 @@ from core.profile import Calibration, KnobsSpec, SlosServeSpec
 from core.sim.perf_model import StepTimeModel
 
 PLAN_MARGIN = 0.9  # share of the TTFT SLO the plan promises the first token in
+WINDOW_SHARE_OF_TTFT = 0.1  # an arrival waits for the scheduler at most this share of its TTFT SLO
 
 
 class SlosServePolicy(Policy):
@@ -75,6 +76,7 @@ class SlosServePolicy(Policy):
         self._next_replica = 0  # the one-shot round-robin dispatcher's pointer
         self._best_effort_due = math.inf
         self._last_retry_s = -math.inf
+        self._pending_due = math.inf  # when the scheduler must run for the arrivals waiting
         self.invocations = 0
         self.admitted = 0
         self.offloaded = 0
@@ -106,7 +108,10 @@ class SlosServePolicy(Policy):
         # The plan aims a little inside the SLO (step times are noisy; the first token comes at a step's end).
         req.state["prefill_deadline_s"] = req.arrival_s + PLAN_MARGIN * self.ttft_s(req)
         if self.settings.schedule_window_s > 0.0 and self.settings.best_effort:
+            if not self.pending:
+                self._pending_due = math.inf
             self.pending.push(req)
+            self._pending_due = min(self._pending_due, req.arrival_s + self._wait_limit(req))
             return Verdict.hold(TIER_HIGH)
         # Decide this arrival on its own, now.
         releases, declined = self._route(now, [req], {req.request_id: req.state["prefill_deadline_s"]}, TIER_HIGH)
@@ -121,6 +126,7 @@ class SlosServePolicy(Policy):
     def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
         releases: list[Release] = []
         if self.pending and self._scheduler_due(now):
+            self._pending_due = math.inf
             releases += self._schedule(now, self.pending.take_all())
         if self.best_effort and now >= self._best_effort_due:
             releases += self._retry_best_effort(now)
@@ -138,8 +144,7 @@ class SlosServePolicy(Policy):
     def next_wakeup(self, now: float) -> float:
         wake = self._best_effort_due if self.best_effort else math.inf
         if self.pending:
-            oldest = next(iter(self.pending)).arrival_s
-            wake = min(wake, oldest + self.settings.schedule_window_s)
+            wake = min(wake, self._pending_due)
         return wake
 
     def step_planner(self, replica_index: int) -> SlosServeStepPlanner | None:
@@ -175,11 +180,15 @@ class SlosServePolicy(Policy):
 
     # ------------------------------------------------------------ scheduling
 
+    def _wait_limit(self, req: ControlledRequest) -> float:
+        """How long an arrival may wait for the scheduler: the window, but never more than a tenth of its
+        TTFT SLO (a 15 ms TTFT cannot spend 10 ms waiting to be planned)."""
+        return min(self.settings.schedule_window_s, WINDOW_SHARE_OF_TTFT * self.ttft_s(req))
+
     def _scheduler_due(self, now: float) -> bool:
         if len(self.pending) >= self.settings.schedule_batch:
             return True
-        oldest = next(iter(self.pending)).arrival_s
-        return now >= oldest + self.settings.schedule_window_s - 1e-12
+        return now >= self._pending_due - 1e-12
 
     def _route(
         self, now: float, waiting: list[ControlledRequest], deadline_of: dict[int, float], tier: str

@@ -83,11 +83,16 @@ class SlosServeStepPlanner:
         prefills: list[PrefillTask] = []
         order: list[Any] = list(replica.prefilling)
         room = replica.max_seqs - replica.running
+        kv_free = replica.kv_capacity - replica.kv_used
         for item in replica.waiting:
-            if room <= 0:
+            # Admit from the queue only what the KV cache holds (the replica admits in order and stops at
+            # the first that does not fit: a plan that gives its budget to such a request runs nothing).
+            need = -(-(item.context + item.prompt_left + 1) // replica.block) * replica.block - item.context
+            if room <= 0 or need > kv_free:
                 break
             order.append(item)
             room -= 1
+            kv_free -= need
         for item in order:
             deadline, tpot, best_effort = self._deadlines(item)
             rid = item.req.spec.request_id
