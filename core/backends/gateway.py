@@ -56,6 +56,11 @@ class GatewayBackend:
 
     # ------------------------------------------------------------ lifecycle
 
+    async def stop(self) -> None:
+        """Stop the managed server (the console's Stop button); the gateway follows it on the next start."""
+        if hasattr(self.inner, "stop"):
+            await self.inner.stop()
+
     async def _upstream(self) -> tuple[str, str | None]:
         """The served server's base URL and model, starting a managed vLLM if it is not running."""
         if hasattr(self.inner, "server"):  # VllmBackend
@@ -65,7 +70,19 @@ class GatewayBackend:
         await self.inner.probe()
         return self.inner.base_url, self.inner.model
 
-    async def start(self) -> Gateway:
+    @property
+    def server(self) -> Any:
+        """The managed vLLM (VllmServer) when there is one, for the console's process tab."""
+        return getattr(self.inner, "server", None)
+
+    @property
+    def knobs(self) -> Any:
+        return getattr(self.inner, "knobs", None)
+
+    async def start(self, knobs: Any = None) -> Gateway:
+        """Start the managed server (with `knobs` if given) and the gateway in front of it."""
+        if knobs is not None and hasattr(self.inner, "server"):
+            await self.inner.start(knobs)
         upstream, model = await self._upstream()
         if self.gateway is not None and self.gateway.upstreams[0].url != upstream.rstrip("/"):
             await self.gateway.stop()  # the managed server restarted on another port
@@ -108,6 +125,7 @@ class GatewayBackend:
         assert self.client is not None
         gateway.decisions.clear()  # keyed by the client's request ids, which restart at 0 each run
         gateway.arrivals_ended = False
+        before = gateway.stats.as_dict()
         first_send = asyncio.Event()
         watched = replace(plan, requests=_watch_first(plan.requests, first_send))
         ender = asyncio.create_task(self._end_arrivals_after(plan.duration_s, first_send))
@@ -119,10 +137,10 @@ class GatewayBackend:
                 await ender
         for record in outcome.records:
             self.reconcile(record)
-        outcome.notes["gateway"] = gateway.snapshot()
+        outcome.notes["gateway"] = _run_counters(gateway, before)
         outcome.notes["status_counts"] = _status_counts(outcome.records)
-        if hasattr(self.inner, "server") and self.inner.server.process is not None:
-            outcome.notes["vllm"] = {"argv": self.inner.server.process.argv, "knobs": self.inner.knobs.model_dump()}
+        if self.server is not None and self.server.process is not None:
+            outcome.notes["vllm"] = {"argv": self.server.process.argv, "knobs": self.inner.knobs.model_dump()}
         return outcome
 
     async def _end_arrivals_after(self, duration_s: float | None, first_send: asyncio.Event) -> None:
@@ -172,6 +190,18 @@ def _watch_first(requests: Iterator[RequestSpec], first_send: asyncio.Event) -> 
     for spec in requests:
         first_send.set()
         yield spec
+
+
+def _run_counters(gateway: Gateway, before: dict[str, int]) -> dict[str, Any]:
+    """The gateway's counters for this run alone (it lives across runs), its mode and whether all add up."""
+    now = gateway.stats.as_dict()
+    counters: dict[str, Any] = {"mode": gateway.policy.name}
+    for name in ("received", "completed", "rejected", "deferred", "failed"):
+        counters[name] = now[name] - before[name]
+    counters["held"], counters["in_flight"] = now["held"], now["in_flight"]
+    ended = sum(counters[name] for name in ("completed", "rejected", "deferred", "failed"))
+    counters["accounted"] = ended + counters["held"] + counters["in_flight"] == counters["received"]
+    return counters
 
 
 def _status_counts(records: list[RequestRecord]) -> dict[str, int]:
