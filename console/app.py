@@ -35,6 +35,7 @@ from console.widgets.format import knobs_text
 from console.widgets.modes import ModeChosen
 from console.widgets.process import KnobEditor, KnobsInvalid, ProcessView
 from core.backends.base import Backend, BackendUnavailable
+from core.backends.load_thread import LoadThread
 from core.events import Event
 from core.jobs import RunOptions, RunResult, run_workload, summary_event
 from core.profile import KnobsSpec, Profile, ProfileError, TunerSpec, load_profile
@@ -121,6 +122,8 @@ class SloConsoleApp(App[int]):
         self._last_redraw = 0.0
         self._redraw_pending = False
         self._closed = False
+        # Live runs generate load and stamp chunks on a loop of their own, never on this UI loop.
+        self.load_thread = LoadThread()
 
     # ------------------------------------------------------------ setup
 
@@ -176,6 +179,14 @@ class SloConsoleApp(App[int]):
 
         return sink
 
+    def _from_load_thread(self, sink: Callable[[Event], None]) -> Callable[[Event], None]:
+        """A sink the load thread can call: the event is folded on the UI loop, without waiting for it."""
+        ui_loop = asyncio.get_running_loop()
+        return lambda event: ui_loop.call_soon_threadsafe(sink, event)
+
+    def _live(self) -> bool:
+        return self.config.backend != "sim"
+
     def on_session_changed(self, _message: SessionChanged) -> None:
         since = time.monotonic() - self._last_redraw
         if since >= 1.0 / MAX_REDRAWS_PER_S:
@@ -224,7 +235,12 @@ class SloConsoleApp(App[int]):
                 duration_s=self.config.duration_s,
                 progress_every=self.config.progress_every,
             )
-            self._run_task = asyncio.ensure_future(run_workload(self.profile, self.backend, sink, options))
+            if self._live():
+                profile, backend, load_sink = self.profile, self.backend, self._from_load_thread(sink)
+                job = self.load_thread.run(lambda: run_workload(profile, backend, load_sink, options))
+                self._run_task = asyncio.ensure_future(job)
+            else:
+                self._run_task = asyncio.ensure_future(run_workload(self.profile, self.backend, sink, options))
             result = await self._run_task
         except asyncio.CancelledError:
             self.session.run_state = "stopped"
@@ -305,15 +321,17 @@ class SloConsoleApp(App[int]):
             if self.backend is None:
                 self.backend = self._make_backend()
             backend = self.backend
-        try:
-            await run_tune(
-                self.profile,
-                backend_kind=self.config.backend,
-                sink=sink,
-                seed=self.config.seed,
-                backend=backend,
-                spec=self.config.tuner_spec,
+        profile, seed, spec = self.profile, self.config.seed, self.config.tuner_spec
+        live = self._live()
+        tune_sink = self._from_load_thread(sink) if live else sink
+
+        def tune() -> Any:
+            return run_tune(
+                profile, backend_kind=self.config.backend, sink=tune_sink, seed=seed, backend=backend, spec=spec
             )
+
+        try:
+            await (self.load_thread.run(tune) if live else tune())
         except (ProfileError, BackendUnavailable) as exc:
             self.notify_error("The tuner could not run", exc)
         except Exception as exc:
@@ -568,6 +586,7 @@ class SloConsoleApp(App[int]):
         self._closed = True
         self._generation += 1  # late events of the stopped run are not drawn
         await self._stop_run_task()
+        self.load_thread.close()
         backend = self.backend
         if backend is None:
             return

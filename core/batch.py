@@ -42,7 +42,7 @@ class BatchArgs:
     out: Path | None = None
     argv: list[str] | None = None
     resume: bool = False  # --job tune: continue the journal in --out instead of starting a new one
-    mode: str | None = None  # scheduling mode (core/control/modes.py); None: the profile's
+    mode: str | None = None  # --mode: the scheduling mode (core/control/modes.py); None: the profile's `mode`
 
 
 class EventWriter:
@@ -90,46 +90,73 @@ async def _run_cancellable(coro_factory: Callable[[], Any]) -> Any:
             loop.remove_signal_handler(signal.SIGINT)
 
 
-def _write_requests(path: Path, records: list[Any]) -> None:
-    with path.open("w") as fh:
-        for r in records:
-            fh.write(
-                json.dumps(
-                    {
-                        "request_id": r.request_id,
-                        "task": r.task,
-                        "status": r.status.value,
-                        "warmup": r.warmup,
-                        "scheduled_s": round(r.scheduled_s, 6),
-                        "arrival_s": round(r.arrival_s, 6),
-                        "sent_s": None if r.sent_s is None else round(r.sent_s, 6),
-                        "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 6),
-                        "e2e_s": None if r.e2e_s is None else round(r.e2e_s, 6),
-                        "prompt_tokens": r.prompt_tokens,
-                        "output_tokens": r.output_tokens,
-                        "preemptions": r.preemptions,
-                        "error": r.error,
-                    },
-                    separators=(",", ":"),
-                )
-                + "\n"
-            )
+def _request_line(r: Any) -> str:
+    return json.dumps(
+        {
+            "request_id": r.request_id,
+            "task": r.task,
+            "status": r.status.value,
+            "warmup": r.warmup,
+            "scheduled_s": round(r.scheduled_s, 6),
+            "arrival_s": round(r.arrival_s, 6),
+            "sent_s": None if r.sent_s is None else round(r.sent_s, 6),
+            "ttft_s": None if r.ttft_s is None else round(r.ttft_s, 6),
+            "e2e_s": None if r.e2e_s is None else round(r.e2e_s, 6),
+            "prompt_tokens": r.prompt_tokens,
+            "output_tokens": r.output_tokens,
+            "preemptions": r.preemptions,
+            "error": r.error,
+        },
+        separators=(",", ":"),
+    )
+
+
+class RequestWriter:
+    """requests.jsonl written as requests finish (like events.jsonl), so a killed run loses nothing measured.
+
+    At the end of a run the file is rewritten in request-id order with every record (atomically)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.file: IO[str] | None = path.open("w")
+
+    def __call__(self, record: Any) -> None:
+        if self.file is not None:
+            self.file.write(_request_line(record) + "\n")
+            self.file.flush()
+
+    def finish(self, records: list[Any]) -> None:
+        self.close()
+        partial = self.path.with_suffix(".jsonl.tmp")
+        with partial.open("w") as fh:
+            for record in records:
+                fh.write(_request_line(record) + "\n")
+        partial.replace(self.path)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
 
 
 def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     from core.backends.factory import make_backend
     from core.jobs import RunOptions, run_workload, summary_event
 
+    profile = _apply_mode(args, profile)
+    if args.job == "compare":
+        return _run_compare_job(args, profile, sink)
     if args.job == "tune":
         return _run_tune_job(args, profile, sink)
     if args.job == "calibrate":
         return _run_calibrate_job(args, profile, sink)
     if args.job != "run":
         raise ProfileError(
-            f"--job {args.job}: not available in this version; use --job run, --job tune or --job calibrate"
+            f"--job {args.job}: not available in this version; use --job run, tune, calibrate or compare"
         )
     backend = make_backend(args.backend, profile, seed=args.seed, url=args.url, mode=args.mode)  # type: ignore[arg-type]
-    options = RunOptions(seed=args.seed, requests=args.requests, duration_s=args.duration_s)
+    requests = RequestWriter(args.out / "requests.jsonl") if args.out is not None else None
+    options = RunOptions(seed=args.seed, requests=args.requests, duration_s=args.duration_s, on_record=requests)
 
     async def job() -> Any:
         try:
@@ -137,7 +164,11 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
         finally:
             await backend.close()
 
-    result = asyncio.run(_run_cancellable(job))
+    try:
+        result = asyncio.run(_run_cancellable(job))
+    finally:
+        if requests is not None:
+            requests.close()
     final = summary_event(result)
     log.info(
         "%s: %d requests (%d failed) in %.2f s wall; p99 %.3f s, goodput %.2f req/s",
@@ -149,7 +180,8 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
         result.summary.goodput_rps,
     )
     if args.out is not None:
-        _write_requests(args.out / "requests.jsonl", result.records)
+        assert requests is not None
+        requests.finish(result.records)
         (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
         _write_factsheet(args, result)
     sink(final)
@@ -159,6 +191,41 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     if result.summary.requests > 0 and result.summary.completed == 0:
         log.error("every request failed; see the error field in requests.jsonl (--out) for the cause")
         return EXIT_FAILED
+    return EXIT_OK
+
+
+def _apply_mode(args: BatchArgs, profile: Profile) -> Profile:
+    """--mode overrides the profile's `mode`; an unknown name (either place) is a usage error (exit 2)."""
+    from core.control.modes import MODES
+
+    name = args.mode if args.mode is not None else profile.mode
+    if name not in MODES:
+        where = "--mode" if args.mode is not None else f"{args.profile}: mode"
+        raise ProfileError(f"{where} {name!r} is not a scheduling mode; choose one of: {', '.join(MODES)}")
+    return profile if name == profile.mode else profile.model_copy(update={"mode": name})
+
+
+def _run_compare_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
+    """--job compare: every mode and the best static max_num_seqs on the same arrivals (core/compare.py)."""
+    from core.compare import compare_summary_event, format_table, run_compare
+
+    if args.backend != "sim":
+        raise ProfileError("--job compare runs on the simulator; drop --backend (live modes: --job run --mode NAME)")
+    if args.mode is not None:
+        log.info("--job compare runs every mode; --mode %s is ignored", args.mode)
+    result = asyncio.run(
+        _run_cancellable(
+            lambda: run_compare(profile, seed=args.seed, requests=args.requests, duration_s=args.duration_s, sink=sink)
+        )
+    )
+    final = compare_summary_event(result)
+    log.info("%s: compare, seed %d, %.1f s wall\n%s", profile.name, result.seed, result.wall_s, format_table(result))
+    if args.out is not None:
+        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    sink(final)
+    if result.interrupted:
+        log.warning("interrupted: the table covers the modes finished before Ctrl-C")
+        return EXIT_INTERRUPTED
     return EXIT_OK
 
 

@@ -7,10 +7,12 @@ events as JSON Lines; the console renders the same events in panels.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from core.backends.account import client_account
 from core.backends.base import Backend, EngineSample, RunOutcome
 from core.energy import EnergyMeter, EnergyReading, UnavailableMeter, auto_meter
 from core.events import EventSink, make_event
@@ -30,6 +32,8 @@ class RunOptions:
     duration_s: float | None = None
     progress_every: int = PROGRESS_EVERY_REQUESTS
     engine_events: bool = True
+    # Called with each finished record as it finishes (batch streams requests.jsonl with it).
+    on_record: Callable[[RequestRecord], None] | None = None
 
 
 @dataclass(slots=True)
@@ -62,8 +66,20 @@ class _RunObserver:
         self.finished = 0
         self.failed = 0
         self.last_time_s = 0.0
+        self.meter: EnergyMeter | None = None
+        # Energy from the meter's start to the first measured send (server start-up and warm-up).
+        self.startup_energy: EnergyReading | None = None
+
+    def on_measurement_start(self, time_s: float) -> None:
+        """A live load client sends its first measured request: energy is measured from here on."""
+        if self.meter is not None and self.startup_energy is None:
+            self.startup_energy = self.meter.stop()
+            self.meter = _live_meter()
+            self.meter.start()
 
     def on_record(self, record: RequestRecord) -> None:
+        if self.options.on_record is not None:
+            self.options.on_record(record)
         self.window.add(record)
         self.finished += 1
         if not record.ok:
@@ -105,6 +121,7 @@ def summary_event(result: RunResult) -> dict[str, Any]:
         seed=result.seed,
         interrupted=result.interrupted,
         **result.summary.to_dict(),
+        **result.extra.get("client", {}),
     )
 
 
@@ -131,19 +148,29 @@ async def run_workload(
     )
     observer = _RunObserver(profile, sink, options)
     started_at = datetime.now(UTC)
-    # Live servers: measure energy around the run (NVML on a GPU, else RAPL on the CPU package).
-    meter = None if description.get("backend") == "sim" else _live_meter()
-    if meter is not None:
-        meter.start()
+    # Live servers: measure energy (NVML on a GPU, else RAPL on the CPU package) over the measurement
+    # window: the load client restarts the meter when it sends its first measured request, so server
+    # start-up and warm-up are reported apart (extra["startup_energy"]).
+    if description.get("backend") != "sim":
+        observer.meter = _live_meter()
+        observer.meter.start()
     wall_start = time.perf_counter()
     try:
         outcome = await backend.run(plan, observer)
     finally:
-        energy = meter.stop() if meter is not None else None
+        energy = observer.meter.stop() if observer.meter is not None else None
     wall_s = time.perf_counter() - wall_start
     if observer.finished % options.progress_every:
         observer.emit_progress()
     summary = summarize(outcome.records, slo=profile.slo, smooth=profile.smooth_goodput)
+    extra: dict[str, Any] = {}
+    if observer.startup_energy is not None:
+        extra["startup_energy"] = observer.startup_energy
+    account = client_account(outcome)
+    if account:
+        extra["client"] = account
+    if "client_behind" in outcome.notes:
+        sink(make_event("warning", source="load_client", message=outcome.notes["client_behind"], **account))
     return RunResult(
         profile=profile,
         backend=description,
@@ -155,6 +182,7 @@ async def run_workload(
         energy=energy,
         knobs=profile.knobs,
         started_at=started_at,
+        extra=extra,
     )
 
 

@@ -232,6 +232,9 @@ def test_vectorised_selection_equals_algorithm_2_on_nodes(seed: int) -> None:
     trees = [beam_search(i, geometric_draft(a[i], vocab=width + 1), depth, width) for i in range(n)]
     reference = select_trees(trees, need.tolist(), budget, depth, n_max)
     assert selection.counts.tolist() == [len(t) for t in reference]
+    for row in selection.selected:  # each selected node's parent is selected: a valid tree (App. B)
+        chosen = np.flatnonzero(row)
+        assert all(shape.parent[i] < 0 or row[shape.parent[i]] for i in chosen)
 
 
 def test_accepted_tokens_follow_theorem_3_1_and_the_explicit_walk() -> None:
@@ -247,9 +250,9 @@ def test_accepted_tokens_follow_theorem_3_1_and_the_explicit_walk() -> None:
     samples = np.stack(
         [accepted_draft_tokens(shape, selection, true, rng.uniform(size=2)) for _ in range(draws)], axis=1
     )
-    position = np.argsort(selection.order, axis=1)
     for i in range(2):
-        chosen = position[i] < selection.counts[i]
+        chosen = selection.selected[i]
+        assert chosen.sum() == selection.counts[i]
         expected = true[i][chosen].sum()
         assert samples[i].mean() == pytest.approx(expected, abs=4 * samples[i].std() / math.sqrt(draws))
         # The walk: from the root, draw a rank per level; go on while that child is in the selected tree.

@@ -402,3 +402,39 @@ def test_a_bad_profile_exits_2_before_any_ui(tmp_path: Path, capsys: pytest.Capt
     assert run_app(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("slo-console: ") and len(err.strip().splitlines()) == 1
+
+
+async def test_a_live_run_generates_load_off_the_ui_loop() -> None:
+    """Load generation and chunk timestamps run on the load thread's loop, so redraws cannot delay them."""
+    import threading
+
+    from core.backends.live import UrlBackend
+    from tests.fakeserver import FakeOpenAIServer, StreamReply
+
+    seen: dict[str, Any] = {}
+
+    class WatchedUrlBackend(UrlBackend):
+        async def run(self, plan, observer=None):  # type: ignore[no-untyped-def]
+            seen["thread"] = threading.current_thread()
+            seen["loop"] = asyncio.get_running_loop()
+            return await super().run(plan, observer)
+
+    async with FakeOpenAIServer(reply=StreamReply(chunk_delay_s=0.002)) as server:
+        app = create_app(
+            "quickstart",
+            "url",
+            url=server.base_url,
+            requests=40,
+            backend_factory=lambda profile: WatchedUrlBackend(server.base_url, metrics_interval_s=None),
+        )
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_until(pilot, lambda: app.session.run_state == "finished")
+            ui_loop = asyncio.get_running_loop()
+            result = app.last_result
+            assert result is not None and len(result.records) == 40
+            assert all(record.ok for record in result.records)
+            assert app.session.run_state == "finished"  # the events crossed back to the UI loop
+            await pilot.press("q")
+
+    assert seen["thread"] is not threading.main_thread() and seen["thread"].name == "slo-console-load"
+    assert seen["loop"] is not ui_loop

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
+import aiohttp
 import numpy as np
 import pytest
 
@@ -20,7 +20,7 @@ def spec(request_id: int = 1, prompt_tokens: int = 16, output_tokens: int = 5) -
 
 async def send_one(reply: Reply, *, api: str = "completions", **client_kwargs: object):
     """Start a server with one scripted reply, send one request, return (record, server)."""
-    async with FakeOpenAIServer(reply=reply) as server, httpx.AsyncClient() as http:
+    async with FakeOpenAIServer(reply=reply) as server, aiohttp.ClientSession() as http:
         client = StreamingClient(http, server.base_url, server.model, api=api, **client_kwargs)  # type: ignore[arg-type]
         start = time.perf_counter()
         record = await client.send(spec(), start)
@@ -161,24 +161,24 @@ async def test_http_errors_carry_status_and_a_short_body(status: int) -> None:
 async def test_connection_refused_is_an_error_record() -> None:
     async with FakeOpenAIServer() as server:
         url = server.base_url
-    async with httpx.AsyncClient() as http:
+    async with aiohttp.ClientSession() as http:
         record = await StreamingClient(http, url, "m").send(spec(), time.perf_counter())
 
     assert record.status is Status.ERROR
-    assert record.error is not None and record.error.startswith("connection failed: ConnectError")
+    assert record.error is not None and record.error.startswith("connection failed: ClientConnectorError")
 
 
 async def test_transport_errors_are_reported_to_the_hook() -> None:
     seen: list[BaseException] = []
-    async with FakeOpenAIServer(reply=StreamReply(disconnect_after=1)) as server, httpx.AsyncClient() as http:
+    async with FakeOpenAIServer(reply=StreamReply(disconnect_after=1)) as server, aiohttp.ClientSession() as http:
         client = StreamingClient(http, server.base_url, "m", on_transport_error=seen.append)
         await client.send(spec(), time.perf_counter())
 
-    assert len(seen) == 1 and isinstance(seen[0], httpx.RemoteProtocolError)
+    assert len(seen) == 1 and isinstance(seen[0], aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError)
 
 
 async def test_cancellation_records_cancelled_and_propagates() -> None:
-    async with FakeOpenAIServer(reply=StreamReply(chunk_delay_s=0.5)) as server, httpx.AsyncClient() as http:
+    async with FakeOpenAIServer(reply=StreamReply(chunk_delay_s=0.5)) as server, aiohttp.ClientSession() as http:
         client = StreamingClient(http, server.base_url, "m")
         record = client.new_record(spec())
         task = asyncio.create_task(client.send(spec(), time.perf_counter(), record))
@@ -193,7 +193,7 @@ async def test_cancellation_records_cancelled_and_propagates() -> None:
 
 
 async def test_times_are_on_the_run_clock() -> None:
-    async with FakeOpenAIServer() as server, httpx.AsyncClient() as http:
+    async with FakeOpenAIServer() as server, aiohttp.ClientSession() as http:
         run_start = time.perf_counter() - 10.0  # the run started ten seconds ago
         record = await StreamingClient(http, server.base_url, "m").send(spec(), run_start)
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from pathlib import Path
 
 import numpy as np
@@ -256,8 +257,18 @@ async def test_cancelling_the_run_returns_what_was_measured() -> None:
     async with FakeOpenAIServer(reply=StreamReply(chunk_delay_s=0.05)) as server:
         backend = UrlBackend(server.base_url, metrics_interval_s=None)
         plan = LoadPlan(requests=iter(closed_specs(1000, output_tokens=8)), mode="closed", concurrency=4)
-        run = asyncio.create_task(backend.run(plan))
-        await asyncio.sleep(0.6)
+        finished = asyncio.Event()
+        done: list[RequestRecord] = []
+
+        def on_record(record: RequestRecord) -> None:
+            done.append(record)
+            if len(done) >= 4:
+                finished.set()
+
+        run = asyncio.create_task(backend.run(plan, CallbackObserver(on_record=on_record)))
+        # Cancel once four requests have finished (not after a fixed sleep: a busy machine is slow).
+        await asyncio.wait_for(finished.wait(), timeout=30.0)
+        await asyncio.sleep(0.1)
         run.cancel()
         outcome = await asyncio.wait_for(run, timeout=5.0)
 
@@ -266,3 +277,57 @@ async def test_cancelling_the_run_returns_what_was_measured() -> None:
     assert statuses.count(Status.CANCELLED) == 4  # the four clients' requests in flight
     assert statuses.count(Status.OK) >= 4
     assert all(r.end_s is not None for r in outcome.records)
+
+
+async def test_requests_still_queued_when_the_duration_ends_are_recorded_not_sent() -> None:
+    # 12 arrivals at once, 2 in flight at a time, each ~0.2 s: at 0.3 s most are still queued client-side.
+    specs = open_specs(12, spacing_s=0.0, output_tokens=4)
+    async with FakeOpenAIServer(reply=StreamReply(chunk_delay_s=0.05)) as server:
+        outcome = await UrlBackend(server.base_url, metrics_interval_s=None).run(
+            LoadPlan(requests=iter(specs), mode="open", concurrency=2, duration_s=0.3)
+        )
+        sent_to_server = len(server.bodies)
+
+    statuses = [r.status for r in outcome.records]
+    not_sent = statuses.count(Status.NOT_SENT)
+    # Every planned request is accounted for: completed + failed + not sent = planned.
+    assert sorted(r.request_id for r in outcome.records) == list(range(12))
+    assert not_sent >= 6 and outcome.notes["not_sent"] == not_sent
+    assert statuses.count(Status.OK) == sent_to_server == 12 - not_sent
+    unsent = [r for r in outcome.records if r.status is Status.NOT_SENT]
+    assert all(r.sent_s is None and r.end_s is None and "duration ended" in (r.error or "") for r in unsent)
+
+
+async def test_request_bodies_are_built_before_the_timed_loop() -> None:
+    built_at: list[float] = []
+
+    def count_tokens(text: str) -> int:
+        built_at.append(asyncio.get_running_loop().time())
+        return len(text.split())
+
+    specs = open_specs(30, spacing_s=0.01)
+    async with FakeOpenAIServer() as server:
+        backend = UrlBackend(server.base_url, metrics_interval_s=None, tokenizer=count_tokens)
+        await backend.probe()
+        loop = asyncio.get_running_loop()
+        first_send: list[float] = []
+        observer = CallbackObserver(on_record=lambda r: first_send.append(loop.time()))
+        outcome = await backend.run(LoadPlan(requests=iter(specs), mode="open"), observer)
+
+    assert len(outcome.records) == 30 and all(r.ok for r in outcome.records)
+    # Every prompt was tokenized before the first request finished, not one by one as they were sent.
+    assert built_at and max(built_at) < min(first_send)
+
+
+async def test_a_client_that_falls_behind_its_schedule_says_so() -> None:
+    class Blocking(CallbackObserver):
+        def on_record(self, record: RequestRecord) -> None:
+            time.sleep(0.03)  # blocks the event loop: the sender cannot keep a 5 ms schedule
+
+    async with FakeOpenAIServer() as server:
+        late = await UrlBackend(server.base_url, metrics_interval_s=None).run(
+            LoadPlan(requests=iter(open_specs(20, spacing_s=0.005)), mode="open"), Blocking()
+        )
+
+    assert late.notes["schedule_error_s"]["p99"] > 0.010
+    assert "fell behind its schedule" in late.notes["client_behind"]

@@ -220,3 +220,75 @@ def test_telling_line_skips_noise_and_vllm_prefixes() -> None:
     assert telling_log_line(lines).startswith("ValueError: max_num_batched_tokens (512)")
     assert telling_log_line(["just a line"]) == "just a line"
     assert telling_log_line([]) == ""
+
+
+OWNER = r"""
+import pathlib, sys, time
+sys.path.insert(0, sys.argv[1])
+from core.serve.process import ServerProcess
+fake_server, log_dir = sys.argv[2], pathlib.Path(sys.argv[3])
+server = ServerProcess(lambda host, port: [sys.executable, "-c", fake_server, str(port), "ok"], log_dir=log_dir)
+server.start()
+print(server.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_dies_with_its_owner_even_on_sigkill(log_dir: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "SLO_CONSOLE_CACHE": str(tmp_path / "cache")}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, repo, FAKE_SERVER, str(log_dir)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert owner.stdout is not None
+        pgid = int(owner.stdout.readline())
+        assert group_members(pgid), "the server never started"
+        registered = list((tmp_path / "cache" / "servers").glob("*.json"))
+        assert [p.stem for p in registered] == [str(pgid)]
+        owner.kill()  # SIGKILL: no atexit, no finally in the owner
+        owner.wait()
+        deadline = time.monotonic() + 10
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert group_members(pgid) == [], "the server outlived the slo-console that started it"
+    finally:
+        owner.kill()
+
+
+def test_a_stale_server_from_an_earlier_run_is_reported_not_killed(
+    servers: list, log_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+    import subprocess
+
+    from core.serve.registry import stale_servers
+
+    monkeypatch.setenv("SLO_CONSOLE_CACHE", str(tmp_path / "cache"))
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    try:
+        registry = tmp_path / "cache" / "servers"
+        registry.mkdir(parents=True)
+        # Its owner: a pid that is not running any more.
+        gone = subprocess.Popen([sys.executable, "-c", "pass"])
+        gone.wait()
+        record = {"pgid": orphan.pid, "owner_pid": gone.pid, "owner_start_ticks": 1, "port": 8123, "argv": ["vllm"]}
+        (registry / f"{orphan.pid}.json").write_text(json.dumps(record))
+        (registry / "999999999.json").write_text(json.dumps({**record, "pgid": 999_999_999}))  # group gone
+
+        found = stale_servers(group_members)
+        assert [s.pgid for s in found] == [orphan.pid]
+        assert f"kill -- -{orphan.pid}" in found[0].describe()
+        assert not (registry / "999999999.json").exists()  # forgotten: nothing left to report
+
+        server = make(servers, "ok", log_dir)
+        with caplog.at_level("WARNING", logger="slo_console"):
+            server.start()
+        assert [s.pgid for s in server.stale] == [orphan.pid]
+        assert any(f"process group {orphan.pid}" in r.getMessage() for r in caplog.records)
+        assert orphan.poll() is None  # reported, never killed on this evidence
+    finally:
+        orphan.kill()
+        orphan.wait()

@@ -19,25 +19,44 @@ def make_backend(
     speed: float | None = None,
     mode: str | None = None,
 ) -> Backend:
-    """`mode` (default: the profile's) on a live backend puts the admission gateway in front of the server
-    when it is not plain fcfs or when it is asked for explicitly (core/backends/gateway.py)."""
-    if mode is not None:
-        from core.control.modes import MODES
+    """`mode` overrides the profile's scheduling mode (core/control/modes.py); an unknown one raises
+    ProfileError naming the modes there are. On the simulator the mode runs in the simulated controller; on a
+    live backend the admission gateway (core/backends/gateway.py) runs it in front of the server, when the
+    mode is not plain fcfs or when a mode is asked for explicitly."""
+    from core.control.modes import MODES
 
-        if mode not in MODES:
-            raise ProfileError(f"--mode {mode}: not available; choose one of: {', '.join(MODES)}")
-    live_mode = mode if mode is not None else (profile.mode if profile.mode != "fcfs" else None)
-    if kind in ("url", "vllm") and live_mode is not None:
+    mode_name = mode if mode is not None else profile.mode
+    if mode_name not in MODES:
+        flag = "--mode" if mode is not None else "profile mode:"
+        raise ProfileError(f"{flag} {mode_name}: not available; choose one of: {', '.join(MODES)}")
+    if kind == "sim":
+        return _make_sim(profile, seed=seed, speed=speed, mode_name=mode_name)
+    inner = _make_live(kind, profile, url=url)
+    if mode is not None or mode_name != "fcfs":
         from core.backends.gateway import GatewayBackend
 
-        inner = make_backend(kind, profile, seed=seed, url=url, speed=speed)
-        return GatewayBackend(inner, profile, live_mode)
-    if kind == "sim":
-        from core.backends.sim import SimBackend
+        return GatewayBackend(inner, profile, mode_name)
+    return inner
 
-        return SimBackend(
-            load_calibration(profile), profile.knobs, seed=profile.seed if seed is None else seed, speed=speed
-        )
+
+def _make_sim(profile: Profile, *, seed: int | None, speed: float | None, mode_name: str) -> Backend:
+    from core.backends.sim import SimBackend
+    from core.control.modes import ModeContext, make_policy
+
+    calibration = load_calibration(profile)
+    run_seed = profile.seed if seed is None else seed
+    context = ModeContext(profile=profile, calibration=calibration, replicas=profile.replicas, seed=run_seed)
+    return SimBackend(
+        calibration,
+        profile.knobs,
+        seed=run_seed,
+        speed=speed,
+        policy_factory=None if mode_name == "fcfs" else lambda: make_policy(mode_name, context),
+        replicas=profile.replicas,
+    )
+
+
+def _make_live(kind: BackendKind, profile: Profile, *, url: str | None) -> Backend:
     if kind == "url":
         if not url:
             raise BackendUnavailable("--backend url needs --url http://HOST:PORT of a running server")

@@ -15,196 +15,29 @@ remainder goes on the last chunk.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
-import math
-import random
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-import httpx
+import aiohttp
 import numpy as np
 
+from core.backends.prompts import PromptBuilder, load_token_counter
 from core.control.gateway_protocol import slo_fields as gateway_slo_fields
 from core.records import RequestRecord, RequestSpec, Status
+
+__all__ = ["Api", "PromptBuilder", "StreamingClient", "is_loopback", "load_token_counter", "open_load_session"]
 
 Api = Literal["completions", "chat"]
 
 # Error texts quote at most this much of a server's body or a bad SSE line.
 _SNIPPET_CHARS = 200
 
-# Without a tokenizer, English-like text averages about 0.75 words per token for BPE vocabularies.
-DEFAULT_WORDS_PER_TOKEN = 0.75
-
-# A fixed vocabulary of common words: prompts read as text to any tokenizer and stay deterministic.
-_WORDS = [
-    "the",
-    "of",
-    "and",
-    "to",
-    "in",
-    "is",
-    "that",
-    "for",
-    "it",
-    "as",
-    "was",
-    "with",
-    "be",
-    "by",
-    "on",
-    "not",
-    "he",
-    "this",
-    "are",
-    "or",
-    "his",
-    "from",
-    "at",
-    "which",
-    "but",
-    "have",
-    "an",
-    "had",
-    "they",
-    "you",
-    "were",
-    "their",
-    "one",
-    "all",
-    "we",
-    "can",
-    "her",
-    "has",
-    "there",
-    "been",
-    "if",
-    "more",
-    "when",
-    "will",
-    "would",
-    "who",
-    "so",
-    "no",
-    "time",
-    "people",
-    "year",
-    "way",
-    "day",
-    "thing",
-    "man",
-    "world",
-    "life",
-    "hand",
-    "part",
-    "child",
-    "eye",
-    "woman",
-    "place",
-    "work",
-    "week",
-    "case",
-    "point",
-    "number",
-    "group",
-    "problem",
-    "fact",
-    "system",
-    "program",
-    "question",
-    "government",
-    "company",
-    "home",
-    "water",
-    "room",
-    "mother",
-    "area",
-    "money",
-    "story",
-    "month",
-    "lot",
-    "right",
-    "study",
-    "book",
-    "job",
-    "word",
-    "business",
-    "issue",
-    "side",
-    "kind",
-    "head",
-    "house",
-    "service",
-    "friend",
-    "father",
-    "power",
-    "hour",
-    "game",
-    "line",
-    "end",
-    "member",
-    "law",
-    "car",
-    "city",
-    "community",
-    "name",
-    "president",
-    "team",
-    "minute",
-    "idea",
-    "body",
-    "information",
-    "back",
-    "parent",
-    "face",
-    "others",
-    "level",
-    "office",
-    "door",
-    "health",
-    "person",
-    "art",
-    "war",
-    "history",
-    "party",
-    "result",
-    "change",
-    "morning",
-    "reason",
-    "research",
-    "girl",
-    "guy",
-    "moment",
-    "air",
-    "teacher",
-    "force",
-    "education",
-    "good",
-    "new",
-    "first",
-    "last",
-    "long",
-    "great",
-    "little",
-    "own",
-    "other",
-    "old",
-    "big",
-    "high",
-    "different",
-    "small",
-    "large",
-    "next",
-    "early",
-    "young",
-    "important",
-    "few",
-    "public",
-    "bad",
-    "same",
-    "able",
-]
+# aiohttp's per-line read limit: a streamed chunk line longer than this would fail the request.
+_READ_BUFSIZE = 10 * 1024 * 1024
 
 
 def _snippet(text: str) -> str:
@@ -212,98 +45,30 @@ def _snippet(text: str) -> str:
     return text if len(text) <= _SNIPPET_CHARS else text[:_SNIPPET_CHARS] + "..."
 
 
-class PromptBuilder:
-    """Builds prompt text of about N tokens, deterministically; cached by length.
+def is_loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
-    With `count_tokens` (a callable text -> token count, e.g. from the model's tokenizer) the body is the
-    shortest word sequence that reaches N tokens, found by bisection. Without one, token counts are
-    estimated at `words_per_token`. A per-request tag at the start (`build(n, salt=request_id)`) makes
-    every prompt distinct so vLLM's prefix cache does not turn prefills into cache hits, as random-token
-    prompts in `vllm bench serve` also avoid.
+
+def open_load_session(base_url: str, *, connect_timeout_s: float = 10.0) -> aiohttp.ClientSession:
+    """The HTTP session a load run streams its requests over (aiohttp, set up as `vllm bench serve` does).
+
+    No connection cap (queueing inside the client would count as server latency), keep-alive reuse, and
+    environment proxies only for non-loopback servers (a corporate HTTP_PROXY must not capture 127.0.0.1).
+    The per-request deadline is the client's own (`StreamingClient.request_timeout_s`).
     """
-
-    def __init__(
-        self,
-        count_tokens: Callable[[str], int] | None = None,
-        *,
-        words_per_token: float = DEFAULT_WORDS_PER_TOKEN,
-        seed: int = 0,
-    ) -> None:
-        self.tokenizer_aware = count_tokens is not None
-        self._words_per_token = words_per_token
-        self._count = count_tokens or self._estimate_tokens
-        self._seed = seed
-        self._words: list[str] = []
-        self._bodies: dict[int, str] = {}
-
-    @classmethod
-    def for_model_dir(cls, model_dir: str | Path | None, **kwargs: Any) -> PromptBuilder:
-        """Tokenizer-aware when `<model_dir>/tokenizer.json` exists and `tokenizers` is installed."""
-        count = load_token_counter(model_dir) if model_dir is not None else None
-        return cls(count, **kwargs)
-
-    @property
-    def words_per_token(self) -> float:
-        return self._words_per_token
-
-    def calibrate(self, text: str, tokens: int) -> None:
-        """Set the words-per-token estimate from a text whose token count is known (e.g. a server's
-        /tokenize answer). Only used without a token counter."""
-        words = len(text.split())
-        if tokens > 0 and words > 0 and not self.tokenizer_aware:
-            self._words_per_token = words / tokens
-            self._bodies.clear()
-
-    def _estimate_tokens(self, text: str) -> int:
-        return math.ceil(len(text.split()) / self._words_per_token)
-
-    def _word_prefix(self, n_words: int) -> str:
-        if len(self._words) < n_words:
-            rng = random.Random(self._seed + len(self._words))
-            self._words.extend(rng.choice(_WORDS) for _ in range(n_words - len(self._words)))
-        return " ".join(self._words[:n_words])
-
-    def body(self, n_tokens: int) -> str:
-        """Text of about `n_tokens` tokens (at least one word)."""
-        n_tokens = max(1, n_tokens)
-        cached = self._bodies.get(n_tokens)
-        if cached is not None:
-            return cached
-        # Bisect on the word count: the fewest words whose text reaches n_tokens.
-        low, high = 1, max(2, int(n_tokens * 2))
-        while self._count(self._word_prefix(high)) < n_tokens:
-            low, high = high, high * 2
-        while low < high:
-            middle = (low + high) // 2
-            if self._count(self._word_prefix(middle)) >= n_tokens:
-                high = middle
-            else:
-                low = middle + 1
-        text = self._word_prefix(low)
-        self._bodies[n_tokens] = text
-        return text
-
-    def build(self, n_tokens: int, salt: int | None = None) -> str:
-        if salt is None:
-            return self.body(n_tokens)
-        tag = f"{salt}:"
-        return f"{tag} {self.body(n_tokens - self._count(tag))}"
-
-
-def load_token_counter(model_dir: str | Path) -> Callable[[str], int] | None:
-    """A token counter from `<model_dir>/tokenizer.json`, or None (no file, or `tokenizers` missing)."""
-    path = Path(model_dir) / "tokenizer.json"
-    if not path.is_file():
-        return None
-    try:
-        from tokenizers import Tokenizer  # optional: the dev install does not need it
-    except ImportError:
-        return None
-    try:
-        tokenizer = Tokenizer.from_file(str(path))
-    except Exception:  # a corrupt or unsupported tokenizer file only costs us exact prompt lengths
-        return None
-    return lambda text: len(tokenizer.encode(text, add_special_tokens=False).ids)
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, force_close=False)
+    return aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
+        trust_env=not is_loopback(base_url),
+        read_bufsize=_READ_BUFSIZE,
+    )
 
 
 class _StreamFailure(Exception):
@@ -315,20 +80,32 @@ class _StreamFailure(Exception):
         self.message = message
 
 
-# Transport failures: the server refused the connection, or it broke while the request was under way.
-TRANSPORT_ERRORS = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+# Transport failures: the server refused the connection, or it broke while the request was under way
+# (ClientConnectorError and a reset socket are ClientOSErrors; a cut chunked body is a ClientPayloadError).
+TRANSPORT_ERRORS = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)
+
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 class StreamingClient:
     """Sends `RequestSpec`s as streamed completions and measures them into `RequestRecord`s.
 
-    `http` is shared by all requests of a run (its pool should not cap connections, or requests would
-    queue inside the client and the queueing would count as server latency).
+    `http` is shared by all requests of a run: an aiohttp session from `open_load_session` (its pool must
+    not cap connections, or requests would queue inside the client and count as server latency).
+
+    Why aiohttp and not httpx: measured against one vLLM CPU server (8 closed-loop clients, 64 tokens per
+    stream; benchmarks/client_agreement.py), an httpx AsyncClient stream costs several times the client
+    CPU per chunk of an aiohttp one (pure-Python h11 parsing and anyio layers per chunk, against aiohttp's
+    C parser; encode/httpx issue 3215). On a loaded machine the client then falls behind the streams it
+    reads: chunks pile up in socket buffers and are stamped when the client gets round to them, so TTFT
+    came out near e2e and throughput near half of `vllm bench serve`'s on the same server. vllm bench
+    uses aiohttp; so does the load path here. httpx stays for control calls (probes, /metrics, /tokenize).
     """
 
     def __init__(
         self,
-        http: httpx.AsyncClient,
+        http: aiohttp.ClientSession,
         base_url: str,
         model: str,
         *,
@@ -362,6 +139,10 @@ class StreamingClient:
     def url(self) -> str:
         path = "/v1/chat/completions" if self.api == "chat" else "/v1/completions"
         return self.base_url + path
+
+    def encode_body(self, spec: RequestSpec) -> bytes:
+        """The request's JSON body, ready to send: build these before the timed loop (as vllm bench does)."""
+        return json.dumps(self.request_body(spec), separators=(",", ":")).encode()
 
     def request_body(self, spec: RequestSpec) -> dict[str, Any]:
         text = self.prompts.build(spec.prompt_tokens, salt=spec.request_id)
@@ -407,17 +188,19 @@ class StreamingClient:
         record: RequestRecord | None = None,
         *,
         ready_s: float | None = None,
+        body: bytes | None = None,
     ) -> RequestRecord:
         """Send one request now and fill `record` (created from `spec` if not given).
 
         `run_start` is the time.perf_counter() value of the run's time zero. `ready_s` (run clock) is when
         the client was ready to send it, if it then waited for an in-flight slot: latency counts from there
-        (see RequestRecord.arrival_s). On cancellation the record is marked CANCELLED and the CancelledError
-        propagates.
+        (see RequestRecord.arrival_s). `body` is the pre-built `encode_body(spec)`; built here if None.
+        On cancellation the record is marked CANCELLED and the CancelledError propagates.
         """
         if record is None:
             record = self.new_record(spec)
-        body = self.request_body(spec)
+        if body is None:
+            body = self.encode_body(spec)
         stream = _StreamState(self.continuous_usage)
         record.sent_s = time.perf_counter() - run_start
         record.arrival_s = record.sent_s if ready_s is None else ready_s
@@ -431,16 +214,13 @@ class StreamingClient:
         except TimeoutError:
             record.status = Status.TIMEOUT
             record.error = f"no complete response within {self.request_timeout_s:g} s"
-        except httpx.TimeoutException as exc:
-            record.status = Status.TIMEOUT
-            record.error = f"{type(exc).__name__}: {exc or 'timed out'}"
         except TRANSPORT_ERRORS as exc:
             phase = "stream broken" if stream.chunk_times else "connection failed"
             record.status = Status.ERROR
             record.error = f"{phase}: {type(exc).__name__}: {exc}"
             if self.on_transport_error is not None:
                 self.on_transport_error(exc)
-        except httpx.HTTPError as exc:
+        except aiohttp.ClientError as exc:
             record.status = Status.ERROR
             record.error = f"{type(exc).__name__}: {exc}"
         except asyncio.CancelledError:
@@ -454,24 +234,26 @@ class StreamingClient:
             stream.fill(record, time.perf_counter() - run_start)
         return record
 
-    async def _stream(self, body: dict[str, Any], run_start: float, stream: _StreamState) -> None:
-        async with self.http.stream("POST", self.url, json=body) as response:
-            if response.status_code >= 400:
-                raw = await response.aread()
+    async def _stream(self, body: bytes, run_start: float, stream: _StreamState) -> None:
+        async with self.http.post(self.url, data=body, headers=_JSON_HEADERS) as response:
+            if response.status >= 400:
+                raw = await response.read()
                 text = raw.decode("utf-8", errors="replace")
-                raise _StreamFailure(Status.ERROR, f"HTTP {response.status_code}: {_snippet(text)}")
-            async for line in response.aiter_lines():
+                raise _StreamFailure(Status.ERROR, f"HTTP {response.status}: {_snippet(text)}")
+            async for line in response.content:  # one SSE line at a time, stamped as it is read
                 now = time.perf_counter() - run_start
-                if not line.startswith("data:"):
+                if not line.startswith(b"data:"):
                     continue  # blank separators, SSE comments and event/id fields carry no tokens
-                payload = line[len("data:") :].strip()
-                if payload == "[DONE]":
+                payload = line[len(b"data:") :].strip()
+                if payload == b"[DONE]":
                     stream.done_s = now
                     return
                 try:
                     data = json.loads(payload)
-                except json.JSONDecodeError as exc:
-                    raise _StreamFailure(Status.ERROR, f"malformed SSE JSON ({exc.msg}): {_snippet(payload)}") from None
+                except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+                    text = payload.decode("utf-8", errors="replace")
+                    cause = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+                    raise _StreamFailure(Status.ERROR, f"malformed SSE JSON ({cause}): {_snippet(text)}") from None
                 stream.add(data, now)
         if not stream.finished:
             raise _StreamFailure(Status.ERROR, "stream ended before [DONE] or a finish_reason")

@@ -16,36 +16,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
+import itertools
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
 
 from core.backends.base import BackendUnavailable, EngineSample, LoadPlan, RunObserver, RunOutcome
-from core.backends.http_client import Api, PromptBuilder, StreamingClient
-from core.records import RequestRecord, RequestSpec
+from core.backends.http_client import Api, PromptBuilder, StreamingClient, is_loopback, open_load_session
+from core.records import RequestRecord, RequestSpec, Status
 from core.serve.prom import MetricsUnavailable, VllmMetrics, fetch_metrics
 
 # A liveness check after a transport failure must answer fast; a busy server still accepts connections.
 LIVENESS_TIMEOUT_S = 2.0
 # Size of the sample text whose token count calibrates prompt lengths when no tokenizer is at hand.
 CALIBRATION_TOKENS = 400
-
-
-def _is_loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+# Request bodies built before the timed loop starts (as `vllm bench serve` builds its prompts first); an
+# open-ended plan builds the rest on the fly.
+PREBUILD_LIMIT = 20_000
+# The client is falling behind its schedule when the p99 of (actual send - scheduled send) exceeds this.
+SCHEDULE_ERROR_WARN_S = 0.010
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:
@@ -109,7 +103,7 @@ class UrlBackend:
         return httpx.AsyncClient(
             timeout=timeout,
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-            trust_env=not _is_loopback(self.base_url),
+            trust_env=not is_loopback(self.base_url),
         )
 
     def _unavailable(self, cause: str) -> BackendUnavailable:
@@ -161,7 +155,7 @@ class UrlBackend:
         """Engine, version and model; queries the server once if no run or probe has yet."""
         if self._info is None:
             try:
-                with httpx.Client(timeout=self.probe_timeout_s, trust_env=not _is_loopback(self.base_url)) as h:
+                with httpx.Client(timeout=self.probe_timeout_s, trust_env=not is_loopback(self.base_url)) as h:
                     models = h.get(self.base_url + "/v1/models").raise_for_status().json().get("data", [])
                     version_response = h.get(self.base_url + "/version")
                     version = version_response.json().get("version") if version_response.is_success else None
@@ -194,9 +188,12 @@ class UrlBackend:
         await self.probe()
         assert self.model is not None
         timeout = httpx.Timeout(self.request_timeout_s, connect=min(10.0, self.request_timeout_s))
-        async with self._http(timeout) as http:
+        load_session = open_load_session(self.base_url, connect_timeout_s=min(10.0, self.request_timeout_s))
+        # httpx for control calls (/metrics, /health, /tokenize); aiohttp for the measured streams (see
+        # StreamingClient for why).
+        async with self._http(timeout) as http, load_session as session:
             client = StreamingClient(
-                http,
+                session,
                 self.base_url,
                 self.model,
                 api=self.api,
@@ -259,8 +256,10 @@ class _LoadRun:
         self.records: list[RequestRecord] = []
         self.samples: list[EngineSample] = []
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.requests: Iterator[tuple[RequestSpec, bytes | None]] = iter(())
         self.sent = 0
         self.not_sent = 0
+        self.measuring = False  # a measured (not warm-up) request has been sent
         self.schedule_errors: list[float] = []
         self.queue_waits: list[float] = []
         self.server_lost: str | None = None
@@ -276,7 +275,20 @@ class _LoadRun:
 
     # -- the run ----------------------------------------------------------------------------------
 
+    def _prebuild(self) -> None:
+        """Build the plan's request bodies before the clock starts (up to PREBUILD_LIMIT)."""
+        plan = self.plan
+        specs = iter(plan.requests)
+        limit = PREBUILD_LIMIT if plan.max_requests is None else min(PREBUILD_LIMIT, plan.max_requests)
+        ready: list[tuple[RequestSpec, bytes | None]] = []
+        for spec in itertools.islice(specs, limit):
+            ready.append((spec, self.client.encode_body(spec)))
+            if plan.mode == "open" and plan.duration_s is not None and spec.arrival_s >= plan.duration_s:
+                break  # later arrivals are never sent
+        self.requests = itertools.chain(ready, ((spec, None) for spec in specs))
+
     async def run(self) -> RunOutcome:
+        self._prebuild()
         self.start = time.perf_counter()
         sampler = asyncio.create_task(self._sample_metrics_periodically())
         interrupted = False
@@ -314,6 +326,12 @@ class _LoadRun:
         }
         if self.schedule_errors:
             notes["schedule_error_s"] = _percentiles(self.schedule_errors)
+            if notes["schedule_error_s"]["p99"] > SCHEDULE_ERROR_WARN_S:
+                notes["client_behind"] = (
+                    f"the load client fell behind its schedule: p99 schedule error "
+                    f"{1000 * notes['schedule_error_s']['p99']:.1f} ms (> {1000 * SCHEDULE_ERROR_WARN_S:.0f} ms); "
+                    "offered load was lower than planned (a busy machine, or too high a rate for one client)"
+                )
         if self.queue_waits:
             notes["client_queue_wait_s"] = _percentiles(self.queue_waits)
         if self.not_sent:
@@ -346,15 +364,32 @@ class _LoadRun:
         # marks the same requests as warm-up as an on-time one would (and as the simulator does).
         return spec.warmup or ordinal < self.plan.warmup_requests or spec.arrival_s < self.plan.warmup_s
 
-    async def _execute(self, spec: RequestSpec, ordinal: int, ready_s: float | None = None) -> None:
+    async def _execute(self, spec: RequestSpec, ordinal: int, body: bytes | None, ready_s: float | None = None) -> None:
         record = self.client.new_record(spec, warmup=self._is_warmup(spec, ordinal))
+        if not record.warmup and not self.measuring:
+            self.measuring = True
+            # Tell an observer that measures energy: the measurement window starts with this send.
+            on_measurement_start = getattr(self.observer, "on_measurement_start", None)
+            if on_measurement_start is not None:
+                on_measurement_start(self.now())
         try:
-            await self.client.send(spec, self.start, record, ready_s=ready_s)
+            await self.client.send(spec, self.start, record, ready_s=ready_s, body=body)
         finally:
             # Also on cancellation: the record then says CANCELLED and still counts.
-            self.records.append(record)
-            if self.observer is not None:
-                self.observer.on_record(record)
+            self._finish(record)
+
+    def _finish(self, record: RequestRecord) -> None:
+        self.records.append(record)
+        if self.observer is not None:
+            self.observer.on_record(record)
+
+    def _record_not_sent(self, spec: RequestSpec, ordinal: int, why: str) -> None:
+        """A request dispatched to the client's queue but never sent: it still gets a record."""
+        self.not_sent += 1
+        record = self.client.new_record(spec, warmup=self._is_warmup(spec, ordinal))
+        record.status = Status.NOT_SENT
+        record.error = why
+        self._finish(record)
 
     def _spawn(self, coroutine: Any) -> asyncio.Task[Any]:
         task = asyncio.create_task(coroutine)
@@ -366,7 +401,7 @@ class _LoadRun:
         cap = self.plan.concurrency
         in_flight_cap = asyncio.Semaphore(cap) if cap else None
         duration = self.plan.duration_s
-        for spec in self.plan.requests:
+        for spec, body in self.requests:
             if duration is not None and spec.arrival_s >= duration:
                 break
             await self._sleep_unless_lost(spec.arrival_s - self.now())
@@ -374,7 +409,7 @@ class _LoadRun:
                 break
             dispatched = self.now()
             self.schedule_errors.append(dispatched - spec.arrival_s)
-            self._spawn(self._open_request(spec, self.sent, in_flight_cap, dispatched))
+            self._spawn(self._open_request(spec, self.sent, body, in_flight_cap, dispatched))
             self.sent += 1
         await self._wait_for_tasks()
 
@@ -386,34 +421,48 @@ class _LoadRun:
                 await self.lost.wait()
 
     async def _open_request(
-        self, spec: RequestSpec, ordinal: int, in_flight_cap: asyncio.Semaphore | None, dispatched: float
+        self,
+        spec: RequestSpec,
+        ordinal: int,
+        body: bytes | None,
+        in_flight_cap: asyncio.Semaphore | None,
+        dispatched: float,
     ) -> None:
         if in_flight_cap is None:
-            await self._execute(spec, ordinal)
+            await self._execute(spec, ordinal, body)
             return
-        async with in_flight_cap:
+        try:
+            await in_flight_cap.acquire()
+        except asyncio.CancelledError:
+            self._record_not_sent(spec, ordinal, "still queued client-side when the run was interrupted")
+            raise
+        try:
             waited = self.now() - dispatched
             duration = self.plan.duration_s
-            if self.server_lost is not None or (duration is not None and self.now() >= duration):
-                self.not_sent += 1  # still queued client-side when sending stopped: never offered
+            if self.server_lost is not None:
+                self._record_not_sent(spec, ordinal, "still queued client-side when the server was lost")
+                return
+            if duration is not None and self.now() >= duration:
+                self._record_not_sent(spec, ordinal, "still queued client-side when the run's duration ended")
                 return
             self.queue_waits.append(waited)
             # The wait for a slot counts in the request's latency (RequestRecord.arrival_s).
-            await self._execute(spec, ordinal, ready_s=dispatched)
+            await self._execute(spec, ordinal, body, ready_s=dispatched)
+        finally:
+            in_flight_cap.release()
 
     async def _closed_loop(self) -> None:
-        requests = iter(self.plan.requests)
-
         async def client_loop(client_id: int) -> None:
             while self._may_send():
-                spec = next(requests, None)
-                if spec is None:
+                item = next(self.requests, None)
+                if item is None:
                     return
+                spec, body = item
                 spec.arrival_s = self.now()
                 spec.client_id = client_id
                 ordinal = self.sent
                 self.sent += 1
-                await self._execute(spec, ordinal)
+                await self._execute(spec, ordinal, body)
                 await self._sleep_unless_lost(self.plan.think_time_s)
 
         for client_id in range(max(1, self.plan.concurrency or 1)):

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from core.backends.base import LoadPlan, RunObserver, RunOutcome
+from core.control.policy import Policy
 from core.profile import Calibration, KnobsSpec
 from core.sim.engine import SimEngine
 
@@ -19,7 +21,8 @@ class SimBackend:
     """Embedded discrete-event simulator of a vLLM-like engine.
 
     `speed`: None runs as fast as possible; a number paces virtual time to `speed` x wall time (the console
-    uses this so panels move like a live system).
+    uses this so panels move like a live system). `policy_factory` builds the scheduling mode for each run
+    (None: fcfs, vLLM's default); `replicas` engine replicas serve behind it on one virtual clock.
     """
 
     name = "sim"
@@ -32,17 +35,27 @@ class SimBackend:
         seed: int = 0,
         speed: float | None = None,
         sample_interval_s: float = 0.5,
+        policy_factory: Callable[[], Policy] | None = None,
+        replicas: int = 1,
     ) -> None:
         self.calibration = calibration
+        self.policy_factory = policy_factory
+        self.replicas = replicas
         self.knobs = knobs
         self.seed = seed
         self.speed = speed
         self.sample_interval_s = sample_interval_s
         self.last_engine: SimEngine | None = None
 
+    @property
+    def mode(self) -> str:
+        return "fcfs" if self.policy_factory is None else self.policy_factory().name
+
     def describe(self) -> dict[str, Any]:
         return {
             "backend": "sim",
+            "mode": self.mode,
+            "replicas": self.replicas,
             "engine": "simulator",
             "calibration": self.calibration.name,
             "model": self.calibration.model,
@@ -63,6 +76,8 @@ class SimBackend:
             self.knobs,
             plan,
             seed=self.seed,
+            policy=None if self.policy_factory is None else self.policy_factory(),
+            replicas=self.replicas,
             on_record=None if observer is None else observer.on_record,
             on_sample=on_sample,
             sample_interval_s=self.sample_interval_s,
@@ -92,6 +107,7 @@ class SimBackend:
                 "virtual_time_s": engine.clock,
                 "steps": engine.step,
                 "preemptions": engine.preemptions,
+                "mode": engine.policy.describe(),
             },
         )
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from core.control.adaserve.planner import AdaServePolicy
 from core.control.policy import Policy
+from core.control.slos_serve.policy import SlosServePolicy
 from core.profile import Calibration, Profile, ProfileError
 
 
@@ -28,9 +30,32 @@ def _fcfs(ctx: ModeContext) -> Policy:
     return Policy()
 
 
+def _saber(ctx: ModeContext) -> Policy:
+    from core.control.saber import SaberPolicy
+    from core.control.speed_model import offline_phase
+
+    spec = ctx.profile.saber
+    # Offline phase (paper 001 sec. IV-B): profile the engine, fit f(L); cached per engine and mix.
+    speeds = offline_phase(ctx.profile, ctx.calibration, loads=spec.profile_loads, seed=ctx.seed)
+    return SaberPolicy(
+        speeds.models[spec.speed_model],
+        window_size=spec.window_size,
+        best_effort_max_load=spec.best_effort_max_load,
+        track_progress=spec.track_progress,
+        feasibility=spec.feasibility,
+        max_load=max(spec.profile_loads),
+        seed=ctx.seed,
+    )
+
+
 # Insertion order is the order of `--job compare`'s table: the baseline first.
 MODES: dict[str, PolicyFactory] = {
     "fcfs": _fcfs,
+    "saber": _saber,
+    "slos-serve": lambda ctx: SlosServePolicy(
+        ctx.calibration, ctx.profile.knobs, ctx.profile.slos_serve, replicas=ctx.replicas
+    ),
+    "adaserve": lambda ctx: AdaServePolicy(ctx.profile.adaserve, ctx.calibration, seed=ctx.seed),
 }
 
 

@@ -47,7 +47,8 @@ def factsheet_for_run(
     return build_factsheet(
         FactsheetInputs(
             profile=result.profile,
-            summary=result.summary,
+            # The load client's account (planned, not sent, schedule error, queue wait) joins as other metrics.
+            summary={**result.summary.to_dict(), **result.extra.get("client", {})},
             backend_description=result.backend,
             knobs=result.knobs or result.profile.knobs,
             energy=run_energy(result),

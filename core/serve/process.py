@@ -11,14 +11,20 @@ thread that caused it (the crash watcher is a background thread), so a UI must h
 Nothing is left running: `stop()` sends SIGTERM to the group, waits, then SIGKILL; a context manager and
 an atexit hook stop whatever is still alive at normal exit, on an exception and on Ctrl-C (which unwinds
 as KeyboardInterrupt). `install_termination_handlers()` extends that to SIGTERM/SIGHUP for entry points.
+On Linux the group's leader is a small supervisor (core/serve/supervise.py) that stops the group when this
+process dies by any means, SIGKILL included. Each server is registered in a pid file (core/serve/registry.py)
+so a later start reports a server an earlier slo-console left running.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
+import logging
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,14 +38,26 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import StrEnum
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import IO
 
 from core.backends.base import BackendUnavailable
+from core.serve import registry
+
+log = logging.getLogger("slo_console")
 
 LOOPBACK = "127.0.0.1"
 DEFAULT_READY_PATHS = ("/v1/models", "/health")
 READY_POLL_S = 0.5
 WATCH_POLL_S = 0.2
 LOG_TAIL_LINES = 20
+SUPERVISOR = Path(__file__).with_name("supervise.py")
+# How long the supervisor lets the group shut down after SIGTERM before SIGKILL, when slo-console is gone.
+SUPERVISOR_GRACE_S = 5.0
+
+
+def supervised() -> bool:
+    """Whether servers run under the supervisor (Linux: it reads /proc)."""
+    return sys.platform.startswith("linux") and SUPERVISOR.is_file()
 
 
 class ServerState(StrEnum):
@@ -217,6 +235,10 @@ class ServerProcess:
         self.log_path: Path | None = None
         self.startup_s: float | None = None
         self.starts = 0
+        self._lifeline: int | None = None  # write end of the supervisor's lifeline pipe
+        self._pid_file: Path | None = None
+        # Servers an earlier slo-console left running, found at the last start (reported, not killed).
+        self.stale: list[registry.StaleServer] = []
 
     # ------------------------------------------------------------ observation
 
@@ -291,21 +313,14 @@ class ServerProcess:
         self.argv = [str(a) for a in self._argv_for(self.host, port)]
         self.log_path = self._open_log(port)
         env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self._report_stale()
         self._set_state(ServerState.STARTING, f"{self.argv[0]} on {self.host}:{port}")
         started = time.monotonic()
-        with self.log_path.open("wb") as log:
-            log.write(f"# argv: {self.argv!r}\n".encode())
-            log.flush()
+        with self.log_path.open("wb") as log_file:
+            log_file.write(f"# argv: {self.argv!r}\n".encode())
+            log_file.flush()
             try:
-                self._proc = subprocess.Popen(
-                    self.argv,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=env,
-                    start_new_session=True,  # own process group: signal it whole, never by name
-                    close_fds=True,
-                )
+                self._proc = self._launch(log_file, env)
             except OSError as exc:
                 self._set_state(ServerState.STOPPED, str(exc))
                 raise ServerStartError(
@@ -314,6 +329,7 @@ class ServerProcess:
                     self.log_path,
                 ) from exc
         _live_servers.add(self)
+        self._pid_file = registry.register(self._proc.pid, port, self.argv, self.log_path)
         try:
             self._wait_ready(started)
         except BaseException as exc:
@@ -328,6 +344,46 @@ class ServerProcess:
         self._set_state(ServerState.READY, f"{self.base_url} ready in {self.startup_s:.1f} s")
         self._watcher = threading.Thread(target=self._watch, name=f"{self.log_name}-watch", daemon=True)
         self._watcher.start()
+
+    def _launch(self, log_file: IO[bytes], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        """Start the child in a process group of its own; under the supervisor where available."""
+        argv = self.argv
+        pass_fds: tuple[int, ...] = ()
+        if supervised():
+            if shutil.which(argv[0]) is None:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", argv[0])
+            read_end, self._lifeline = os.pipe()  # both non-inheritable; the supervisor gets the read end
+            grace = min(SUPERVISOR_GRACE_S, self.stop_timeout_s / 2)
+            argv = [sys.executable, str(SUPERVISOR), str(read_end), f"{grace:g}", "--", *argv]
+            pass_fds = (read_end,)
+        try:
+            return subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # own process group: signal it whole, never by name
+                close_fds=True,
+                pass_fds=pass_fds,
+            )
+        except OSError:
+            self._close_lifeline()
+            raise
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
+
+    def _close_lifeline(self) -> None:
+        if self._lifeline is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._lifeline)
+            self._lifeline = None
+
+    def _report_stale(self) -> None:
+        self.stale = registry.stale_servers(group_members)
+        for stale in self.stale:
+            log.warning("%s", stale.describe())
 
     def _probe_ready(self) -> bool:
         for path in self.ready_paths:
@@ -411,6 +467,9 @@ class ServerProcess:
                 _wait_group_gone(pgid, 10.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
+        self._close_lifeline()
+        registry.unregister(self._pid_file)
+        self._pid_file = None
         _live_servers.discard(self)
 
     def stop(self) -> None:

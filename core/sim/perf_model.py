@@ -11,6 +11,7 @@ at high batch). The max picks whichever resource limits the step, assuming the r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from core.profile import Calibration
@@ -36,6 +37,19 @@ class StepTimeModel:
             if value > best:
                 best = value
         return best
+
+    def tokens_within(self, budget_s: float, context_tokens: float, spec_steps: int, sequences: int) -> float:
+        """The inverse in the batch size (paper 004's Time2BS): the most batched tokens whose step time stays
+        within `budget_s`, given the rest of the batch; 0.0 when even an empty batch takes longer, inf when
+        no term grows with tokens."""
+        most = math.inf
+        for base, k_tok, k_ctx, k_spec, k_seq in self.terms:
+            fixed = base + k_ctx * context_tokens + k_spec * spec_steps + k_seq * sequences
+            if fixed > budget_s:
+                return 0.0
+            if k_tok > 0.0:
+                most = min(most, (budget_s - fixed) / k_tok)
+        return most
 
 
 def expected_accepted_tokens(acceptance: float, width: int) -> float:

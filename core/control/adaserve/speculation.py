@@ -93,13 +93,13 @@ def candidate_shape(depth: int, width: int) -> CandidateShape:
 
 def path_probabilities(shape: CandidateShape, acceptance: np.ndarray) -> np.ndarray:
     """(n, N) path probabilities a^depth (1 - a)^offset of every candidate node for each request's a."""
-    a = np.clip(acceptance, EPS, 1.0 - EPS)
-    return np.exp(np.outer(np.log(a), shape.depth) + np.outer(np.log1p(-a), shape.offset))
+    a = np.minimum(np.maximum(acceptance, EPS), 1.0 - EPS)
+    return np.exp(np.log(a)[:, None] * shape.depth + np.log1p(-a)[:, None] * shape.offset)
 
 
 def draft_estimate(true_acceptance: np.ndarray, mismatch: float, overconfidence: float, rng: np.random.Generator):
     """The draft's estimate â of each request's local acceptance (module docstring)."""
-    a = np.clip(true_acceptance, EPS, 1.0 - EPS)
+    a = np.minimum(np.maximum(true_acceptance, EPS), 1.0 - EPS)
     if mismatch == 0.0 and overconfidence == 0.0:
         return a
     logit = np.log(a) - np.log1p(-a) + overconfidence
@@ -110,49 +110,60 @@ def draft_estimate(true_acceptance: np.ndarray, mismatch: float, overconfidence:
 
 @dataclass(slots=True)
 class Selection:
-    """Algorithm 2's outcome for a batch: request i verifies its root plus its `counts[i]` most probable
-    candidates (by the draft's estimate); `order[i]` lists its candidates most probable first."""
+    """Algorithm 2's outcome for a batch: request i verifies its root plus the candidates marked in
+    `selected[i]`, its `counts[i]` most probable by the draft's estimate (a connected subtree)."""
 
     counts: np.ndarray  # (n,) int: draft tokens per request
     slo_counts: np.ndarray  # (n,) int: of which chosen in the SLO-customized phase
-    order: np.ndarray  # (n, N) int
+    selected: np.ndarray  # (n, N) bool
 
     @property
     def verified_tokens(self) -> int:
         return int(self.counts.sum()) + len(self.counts)
 
 
+def full_selection(n: int, size: int) -> Selection:
+    """Every candidate of every request (the budget holds them all)."""
+    return Selection(
+        counts=np.full(n, size), slo_counts=np.zeros(n, dtype=np.int64), selected=np.ones((n, size), dtype=bool)
+    )
+
+
 def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max: int) -> Selection:
     """Algorithm 2 lines 9-23 for a whole batch (the vectorised twin of trees.select_trees).
 
-    Within one request both phases always take its most probable remaining candidate, so what each request
-    ends up with is a prefix of its candidates sorted by f̂; only the prefix lengths are computed."""
+    Within one request both phases always take its most probable remaining candidate, so each request ends
+    up with a prefix of its candidates sorted by f̂. Only requests behind their SLO (need > 0) are sorted,
+    for the SLO-customized phase; the throughput phase is one partition of everything left. A child is always
+    less probable than its parent, so any top set is a connected tree."""
     n, size = approx.shape
-    order = np.argsort(-approx, axis=1, kind="stable")
-    ranked = np.take_along_axis(approx, order, axis=1)
-    cumulative = np.cumsum(ranked, axis=1)
-    cap = np.minimum(need, float(depth))
-    wanted = (cumulative < cap[:, None]).sum(axis=1) + 1
-    wanted = np.where(cap > 0.0, np.minimum(wanted, min(size, n_max)), 0)
     remaining = budget - n
-    # SLO-customized phase: the largest need first, each request whole until the budget runs out.
-    by_need = np.argsort(-need, kind="stable")
-    before = np.cumsum(wanted[by_need]) - wanted[by_need]
-    granted = np.clip(remaining - before, 0, wanted[by_need])
-    slo_counts = np.empty(n, dtype=np.int64)
-    slo_counts[by_need] = granted
-    remaining -= int(granted.sum())
-    counts = slo_counts.copy()
+    slo_counts = np.zeros(n, dtype=np.int64)
+    if remaining >= n * size:  # every candidate fits: whatever the phases pick, they pick everything
+        return full_selection(n, size)
+    selected = np.zeros((n, size), dtype=bool)
+    behind = np.flatnonzero(need > 0.0)
+    if len(behind) and remaining > 0:
+        # SLO-customized phase: the largest need first, each request whole until the budget runs out.
+        rows = behind[np.argsort(-need[behind], kind="stable")]
+        order = np.argsort(-approx[rows], axis=1, kind="stable")
+        ranked = np.take_along_axis(approx[rows], order, axis=1)
+        cap = np.minimum(need[rows], float(depth))
+        wanted = np.minimum((np.cumsum(ranked, axis=1) < cap[:, None]).sum(axis=1) + 1, min(size, n_max))
+        granted = np.minimum(np.maximum(remaining - (np.cumsum(wanted) - wanted), 0), wanted)
+        slo_counts[rows] = granted
+        selected[rows[:, None], order] = np.arange(size) < granted[:, None]
+        remaining -= int(granted.sum())
     # Throughput-optimized phase: the globally most probable of what is left.
     if remaining > 0:
-        left = np.where(np.arange(size)[None, :] >= slo_counts[:, None], ranked, -1.0).ravel()
-        available = int((left >= 0.0).sum())
+        available = n * size - int(slo_counts.sum())
         if remaining >= available:
-            counts = np.full(n, size, dtype=np.int64)
+            selected[:] = True
         else:
-            top = np.argpartition(-left, remaining - 1)[:remaining]
-            counts += np.bincount(top // size, minlength=n)
-    return Selection(counts=counts, slo_counts=slo_counts, order=order)
+            left = np.where(selected, -1.0, approx).ravel()
+            top = np.argpartition(left, len(left) - remaining)[len(left) - remaining :]
+            selected.ravel()[top] = True
+    return Selection(counts=selected.sum(axis=1), slo_counts=slo_counts, selected=selected)
 
 
 def accepted_draft_tokens(
@@ -160,17 +171,12 @@ def accepted_draft_tokens(
 ) -> np.ndarray:
     """Draft tokens the verifier accepts per request: the depth its true path reaches inside the selected
     tree, drawn from P(depth >= k) = sum of true f over selected nodes at depth k with one uniform each."""
-    n, size = true_probs.shape
-    position = np.empty_like(selection.order)
-    np.put_along_axis(position, selection.order, np.broadcast_to(np.arange(size), (n, size)), axis=1)
-    selected = position < selection.counts[:, None]
-    reach = (true_probs * selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
+    reach = (true_probs * selection.selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
     return (reach > uniforms[:, None]).sum(axis=1)
 
 
 def chain_selection(n: int, width: int) -> Selection:
     """Static sequence speculation (vLLM-Spec(k), the paper's baseline): every request verifies a chain of
     the draft's top choice, `width` deep, whatever its SLO. On a width-1 candidate shape of depth `width`."""
-    order = np.broadcast_to(np.arange(width), (n, width))
     counts = np.full(n, width, dtype=np.int64)
-    return Selection(counts=counts, slo_counts=np.zeros(n, dtype=np.int64), order=np.ascontiguousarray(order))
+    return Selection(counts=counts, slo_counts=np.zeros(n, dtype=np.int64), selected=np.ones((n, width), bool))

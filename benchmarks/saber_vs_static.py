@@ -1,0 +1,147 @@
+"""SABER against the best static max_num_seqs on the simulator, over a load sweep (paper 001 sec. V-VI, Fig. 5-6).
+
+The paper's protocol, fixed before measuring: for each workload W1-W3 (profiles saber-w1..w3: Table I tasks
+and SLAs) and each request rate in RATES (the paper's 1-10, 15 and 20 RPS), 100 Poisson requests per run,
+three seeds; static baselines are fcfs at max_num_seqs 10, 20, ..., 100 and the best static cap per
+(workload, rate) is the one with the highest SLO attainment averaged over the seeds (sec. VI-B). SABER
+runs with the profile's `saber:` settings and the profile's knobs; its f(L) comes from its own offline
+profiling runs (core/control/speed_model.py), never from the calibration's parameters.
+
+Heavy load is HEAVY_RPS = 20, the paper's heavy-load rate (sec. V-C), chosen before any measurement.
+
+Reported per (workload, rate): SLO attainment (the paper's "goodput": share of requests within their SLA)
+of SABER and of the best static cap, the difference, goodput in requests/s, and the CV of completion/SLA.
+Per workload, the CV pooled over the whole rate sweep (the paper's Fig. 6 reading: std/mean of every
+completed request's e2e/SLA across all loads).
+
+    python benchmarks/saber_vs_static.py [--workloads saber-w1,saber-w2,saber-w3] [--rates 1,2,...]
+        [--requests 100] [--seeds 3] [--set key=value ...]   (--set: a saber: setting, e.g. track_progress=true)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from core.compare import run_mode, with_cap
+from core.jobs import RunOptions, RunResult
+from core.profile import PoissonArrival, Profile, load_profile
+
+WORKLOADS = ("saber-w1", "saber-w2", "saber-w3")
+RATES = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0)
+HEAVY_RPS = 20.0
+REQUESTS = 100
+SEEDS = 3
+
+
+def at_rate(profile: Profile, rate: float, requests: int, saber: dict[str, Any]) -> Profile:
+    workload = profile.workload.model_copy(
+        update={"arrival": PoissonArrival(rate_rps=rate), "requests": requests, "warmup_requests": 0}
+    )
+    return profile.model_copy(update={"workload": workload, "saber": profile.saber.model_copy(update=saber)})
+
+
+def ratios(result: RunResult) -> np.ndarray:
+    """e2e / SLA of every completed measured request (the quantity behind SABER's CV, eq. 1)."""
+    values = [
+        r.e2e_s / r.slo.e2e_s
+        for r in result.records
+        if r.ok and not r.warmup and r.e2e_s is not None and r.slo.e2e_s is not None
+    ]
+    return np.array(values, dtype=float)
+
+
+def cv(values: np.ndarray) -> float:
+    return float(np.std(values) / np.mean(values)) if len(values) > 1 else float("nan")
+
+
+async def measure(profile: Profile, mode: str, seeds: int) -> list[RunResult]:
+    results = []
+    for seed in range(seeds):
+        result, _ = await run_mode(profile.model_copy(update={"mode": mode}), mode, seed, RunOptions(seed=seed))
+        results.append(result)
+    return results
+
+
+def mean(results: list[RunResult], field: str) -> float:
+    return statistics.fmean(getattr(r.summary, field) for r in results)
+
+
+async def sweep_workload(name: str, rates: list[float], requests: int, seeds: int, saber: dict[str, Any]) -> None:
+    base = load_profile(name)
+    pooled_saber: list[np.ndarray] = []
+    pooled_static: list[np.ndarray] = []
+    gains = []
+    print(f"\n{name}: {requests} requests x {seeds} seeds per point; static caps {base.saber.static_caps}")
+    print(
+        f"{'RPS':>5} {'best cap':>8} {'static att':>10} {'SABER att':>9} {'diff':>6} "
+        f"{'static r/s':>10} {'SABER r/s':>9} {'static CV':>9} {'SABER CV':>8}"
+    )
+    for rate in rates:
+        profile = at_rate(base, rate, requests, saber)
+        static = {cap: await measure(with_cap(profile, cap), "fcfs", seeds) for cap in base.saber.static_caps}
+        best_cap = max(static, key=lambda cap: (mean(static[cap], "slo_attainment"), -cap))
+        best = static[best_cap]
+        ours = await measure(profile, "saber", seeds)
+        s_att, o_att = mean(best, "slo_attainment"), mean(ours, "slo_attainment")
+        gains.append(o_att - s_att)
+        static_ratios = np.concatenate([ratios(r) for r in best])
+        saber_ratios = np.concatenate([ratios(r) for r in ours])
+        pooled_static.append(static_ratios)
+        pooled_saber.append(saber_ratios)
+        heavy = "  <- heavy" if rate == HEAVY_RPS else ""
+        print(
+            f"{rate:5.0f} {best_cap:8d} {s_att:10.3f} {o_att:9.3f} {o_att - s_att:+6.3f} "
+            f"{mean(best, 'goodput_rps'):10.2f} {mean(ours, 'goodput_rps'):9.2f} "
+            f"{cv(static_ratios):9.3f} {cv(saber_ratios):8.3f}{heavy}",
+            flush=True,
+        )
+    print(
+        f"{name}: mean attainment gain over the sweep {statistics.fmean(gains):+.3f}; CV of completion/SLA pooled "
+        f"over all rates: best static {cv(np.concatenate(pooled_static)):.3f}, "
+        f"SABER {cv(np.concatenate(pooled_saber)):.3f}"
+    )
+
+
+def parse_setting(text: str) -> tuple[str, Any]:
+    key, _, value = text.partition("=")
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return key, lowered == "true"
+    if lowered == "none":
+        return key, None
+    try:
+        return key, int(value)
+    except ValueError:
+        return key, value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
+    parser.add_argument("--requests", type=int, default=REQUESTS)
+    parser.add_argument("--seeds", type=int, default=SEEDS)
+    parser.add_argument("--set", action="append", default=[], help="a saber: profile setting, key=value")
+    args = parser.parse_args()
+    saber = dict(parse_setting(s) for s in args.set)
+    rates = [float(r) for r in args.rates.split(",")]
+    start = time.perf_counter()
+    print(f"SABER vs best static max_num_seqs (simulator); heavy load = {HEAVY_RPS:g} RPS; saber settings {saber}")
+    for name in args.workloads.split(","):
+        asyncio.run(sweep_workload(name, rates, args.requests, args.seeds, saber))
+    print(f"\n{time.perf_counter() - start:.0f} s wall")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,227 @@
+"""`--job compare`: every scheduling mode on identical seeded arrivals, one row per mode.
+
+Each mode in core/control/modes.py `MODES` serves the profile's workload on the simulator with the same seed
+(so the same requests arrive at the same times), under the profile's knobs. One more row is the baseline
+SABER's paper measures itself against (paper 001 sec. III-B, V): `fcfs-best-static`, plain FCFS at the
+static `max_num_seqs` that a sweep over `saber.static_caps` found best for this workload and rate (best =
+highest SLO attainment, the paper's goodput; ties: more goodput per second, then lower p99).
+
+The rows are data (`CompareResult.rows`); the batch runner prints them as a text table on stderr and as
+`compare_row` events, and the last line, a `summary` event, holds them as `modes: {name: {...}}`. The
+console's Modes tab renders the same rows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.backends.base import BackendUnavailable
+from core.events import EventSink, make_event, null_sink
+from core.jobs import RunOptions, RunResult, run_workload
+from core.metrics import Summary
+from core.profile import Profile, ProfileError
+from core.records import Status
+
+BEST_STATIC = "fcfs-best-static"
+
+
+@dataclass(slots=True)
+class ModeRow:
+    """One mode's run: what the table shows, and the whole summary behind it."""
+
+    mode: str
+    max_num_seqs: int
+    summary: Summary
+    wall_s: float
+    policy: dict[str, Any] = field(default_factory=dict)
+
+    def fields(self) -> dict[str, Any]:
+        """The headline figures of this mode (the values of the summary's `modes` map)."""
+        s = self.summary
+        return {
+            "max_num_seqs": self.max_num_seqs,
+            "requests": s.requests,
+            "completed": s.completed,
+            "slo_attainment": s.slo_attainment,
+            "slo_attainment_per_task": {task: t.slo_attainment for task, t in s.per_task.items()},
+            "goodput_rps": s.goodput_rps,
+            "token_goodput_tps": s.token_goodput_tps,
+            "smooth_goodput": s.smooth_goodput,
+            "p99_s": s.p99_s,
+            "cv_completion_over_slo": s.cv_completion_over_slo,
+            "rejected": s.failed_by_status.get(Status.REJECTED.value, 0),
+            "deferred": s.failed_by_status.get(Status.DEFERRED.value, 0),
+            "failed": s.failed,
+            "window_s": s.window_s,
+            "wall_s": self.wall_s,
+            "policy": self.policy,
+        }
+
+
+@dataclass(slots=True)
+class CompareResult:
+    profile: Profile
+    seed: int
+    rows: list[ModeRow]
+    static_sweep: dict[int, float]  # max_num_seqs -> SLO attainment of fcfs at that cap
+    wall_s: float
+    interrupted: bool = False
+
+    def row(self, mode: str) -> ModeRow:
+        return next(r for r in self.rows if r.mode == mode)
+
+
+def with_cap(profile: Profile, cap: int) -> Profile:
+    return profile.model_copy(update={"knobs": profile.knobs.model_copy(update={"max_num_seqs": cap})})
+
+
+async def run_mode(profile: Profile, mode: str, seed: int, options: RunOptions) -> tuple[RunResult, dict[str, Any]]:
+    """One simulator run of `profile` in `mode`; the result and the policy's own description."""
+    from core.backends.factory import make_backend
+
+    backend = make_backend("sim", profile, seed=seed, mode=mode)
+    try:
+        result = await run_workload(profile, backend, null_sink, options)
+    finally:
+        await backend.close()
+    ran = result.outcome.notes.get("mode")
+    if not isinstance(ran, dict) or ran.get("mode") != mode:
+        # A simulator without the controller seam would serve every mode as fcfs: refuse to report that.
+        raise BackendUnavailable(f"the simulator did not run mode {mode!r} (it reports {ran!r}); update slo-console")
+    return result, dict(ran)
+
+
+def _best_key(summary: Summary) -> tuple[float, float, float]:
+    def num(value: float) -> float:
+        return value if value == value else float("-inf")  # NaN ranks last
+
+    return (num(summary.slo_attainment), num(summary.goodput_rps), -num(summary.p99_s))
+
+
+async def run_compare(
+    profile: Profile,
+    *,
+    seed: int | None = None,
+    requests: int | None = None,
+    duration_s: float | None = None,
+    modes: Sequence[str] | None = None,
+    sink: EventSink = null_sink,
+) -> CompareResult:
+    """Run every mode (default: all of `MODES`) and the best static cap on the same seeded arrivals."""
+    from core.control.modes import MODES
+
+    names = list(MODES) if modes is None else list(modes)
+    unknown = [name for name in names if name not in MODES and name != BEST_STATIC]
+    if unknown:
+        raise ProfileError(f"mode {unknown[0]!r} is not available; choose from: {', '.join([*MODES, BEST_STATIC])}")
+    if profile.workload.arrival is not None and profile.workload.arrival.kind == "closed":
+        raise ProfileError(
+            f"{profile.name}: --job compare needs open-loop arrivals (a closed loop would let a policy slow the"
+            " offered load); set workload.arrival to poisson, gamma, constant or onoff"
+        )
+    seed = profile.seed if seed is None else seed
+    options = RunOptions(seed=seed, requests=requests, duration_s=duration_s, engine_events=False)
+    start = time.perf_counter()
+    sink(make_event("start", job="compare", profile=profile.name, seed=seed, modes=[*names, BEST_STATIC]))
+    rows: list[ModeRow] = []
+    interrupted = False
+    for name in names:
+        if name == BEST_STATIC:
+            continue
+        t0 = time.perf_counter()
+        result, policy = await run_mode(profile.model_copy(update={"mode": name}), name, seed, options)
+        rows.append(ModeRow(name, profile.knobs.max_num_seqs, result.summary, time.perf_counter() - t0, policy))
+        sink(make_event("compare_row", mode=name, **rows[-1].fields()))
+        interrupted |= result.interrupted
+        if interrupted:
+            break
+    sweep: dict[int, float] = {}
+    if not interrupted:
+        t0 = time.perf_counter()
+        best: tuple[int, RunResult] | None = None
+        for cap in profile.saber.static_caps:
+            capped = with_cap(profile, cap).model_copy(update={"mode": "fcfs"})
+            result, _ = await run_mode(capped, "fcfs", seed, options)
+            sweep[cap] = result.summary.slo_attainment
+            if best is None or _best_key(result.summary) > _best_key(best[1].summary):
+                best = (cap, result)
+            if result.interrupted:
+                interrupted = True
+                break
+        if best is not None:
+            cap, result = best
+            policy = {"mode": "fcfs", "static_sweep": {str(k): v for k, v in sweep.items()}}
+            rows.append(ModeRow(BEST_STATIC, cap, result.summary, time.perf_counter() - t0, policy))
+            sink(make_event("compare_row", mode=BEST_STATIC, **rows[-1].fields()))
+    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted)
+
+
+def compare_summary_event(result: CompareResult) -> dict[str, Any]:
+    """The final line of `--job compare`: every mode's headline figures under `modes`."""
+    return make_event(
+        "summary",
+        job="compare",
+        profile=result.profile.name,
+        backend="sim",
+        seed=result.seed,
+        interrupted=result.interrupted,
+        modes={row.mode: row.fields() for row in result.rows},
+        static_sweep={str(cap): value for cap, value in result.static_sweep.items()},
+        compare_wall_s=result.wall_s,
+    )
+
+
+def _cell(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def format_table(result: CompareResult) -> str:
+    """The compare table as aligned text (one row per mode; per-task SLO attainment in its own columns)."""
+    tasks: list[str] = []
+    for row in result.rows:
+        tasks.extend(t for t in row.summary.per_task if t not in tasks)
+    header = [
+        "mode",
+        "max_seqs",
+        "SLO att.",
+        *[f"att. {t}" for t in tasks],
+        "goodput r/s",
+        "tok goodput t/s",
+        "smooth gp",
+        "p99 s",
+        "CV e2e/SLA",
+        "rejected",
+        "deferred",
+    ]
+    lines = [header]
+    for row in result.rows:
+        f = row.fields()
+        per_task = f["slo_attainment_per_task"]
+        lines.append(
+            [
+                row.mode,
+                str(row.max_num_seqs),
+                _cell(f["slo_attainment"]),
+                *[_cell(per_task.get(t)) for t in tasks],
+                _cell(f["goodput_rps"], 2),
+                _cell(f["token_goodput_tps"], 1),
+                _cell(f["smooth_goodput"], 1),
+                _cell(f["p99_s"], 2),
+                _cell(f["cv_completion_over_slo"]),
+                str(f["rejected"]),
+                str(f["deferred"]),
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    rendered = []
+    for line in lines:
+        cells = [cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))]
+        rendered.append("  ".join(cells))
+    return "\n".join(rendered)

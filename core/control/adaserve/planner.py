@@ -1,0 +1,177 @@
+"""AdaServe as a scheduling mode: a `Policy` whose engine replicas plan each step with token trees.
+
+The controller side is vLLM's (release on arrival to the least-loaded replica): AdaServe decides nothing
+before a request reaches an engine. Its decisions are per engine step (paper 002, sec. 5.1): the planner
+gives every decoding request a token tree sized to its TPOT SLO (scheduler.TreeScheduler), prefills like
+vLLM with the token budget the verification leaves, and tells the replica how many tokens each request
+emits, drawn from the token-level model's true acceptance (speculation.py).
+
+`StaticSpeculationPolicy` is the paper's vLLM-Spec(k) baseline on the same token-level model and path, so
+a comparison differs only in how the verification tokens are chosen.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from core.control.adaserve.scheduler import AcceptanceRun, DecodeBatch, StaticScheduler, TreeScheduler, draw_run
+from core.control.policy import Policy
+from core.profile import AdaServeSpec, Calibration
+from core.sim.perf_model import StepTimeModel
+
+if TYPE_CHECKING:
+    from core.sim.stepwise import BatchPlan, StepRequest, StepwiseReplica
+
+Scheduler = TreeScheduler | StaticScheduler
+
+
+@dataclass(slots=True)
+class _Tracked:
+    """What the planner keeps of one decoding request: its SLO and its randomness ahead."""
+
+    tpot_s: float  # inf: no TPOT SLO
+    first_token_s: float
+    run: AcceptanceRun
+
+
+class TreePlanner:
+    """A `StepPlanner` (core/sim/stepwise.py) around a per-step decode scheduler."""
+
+    wants_acceptance = True
+
+    def __init__(self, scheduler: Scheduler, spec: AdaServeSpec) -> None:
+        self.scheduler = scheduler
+        self.spec = spec
+        self._tracked: dict[StepRequest, _Tracked] = {}
+        self._emitted: dict[StepRequest, int] = {}
+
+    def plan(self, replica: StepwiseReplica, now: float) -> BatchPlan:
+        from core.sim.stepwise import BatchPlan
+
+        decoding = replica.decoding
+        batch = BatchPlan()
+        verified = 0
+        if decoding:
+            decision = self.scheduler.step(self._decode_batch(replica, now))
+            counts = decision.verified.tolist()
+            batch.decode = list(zip(decoding, counts, strict=True))
+            batch.spec_steps = decision.spec_steps
+            self._emitted = dict(zip(decoding, decision.emitted.tolist(), strict=True))
+            verified = sum(counts)
+        self._plan_prefill(replica, batch, replica.token_budget - verified)
+        return batch
+
+    def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
+        emitted = min(self._emitted.get(request, 1), verified)
+        if emitted >= request.out_left:  # it finishes this step
+            self._tracked.pop(request, None)
+        return emitted
+
+    def _decode_batch(self, replica: StepwiseReplica, now: float) -> DecodeBatch:
+        decoding = replica.decoding
+        n = len(decoding)
+        budget, spec_steps = self.scheduler.planned(n, replica.kv_used)
+        # t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill
+        # that will share the step (what is pending, within what the verification leaves of the budget).
+        prefill = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
+        step_s = replica.model.step_time(budget + prefill, replica.kv_used, spec_steps, n + (prefill > 0))
+        rows = []
+        tracked = self._tracked
+        for item in decoding:
+            track = tracked.get(item)
+            if track is None:
+                track = tracked[item] = self._track(item)
+            run = track.run
+            k = run.next
+            if k >= len(run.steps):
+                run = track.run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
+                k = 0
+            run.next = k + 1
+            truth, estimate, uniform = run.steps[k]
+            # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it.
+            rows.append(
+                ((now - track.first_token_s + step_s) / track.tpot_s - item.generated, truth, estimate, uniform)
+            )
+        columns = np.array(rows).T
+        return DecodeBatch(budget, columns[0], columns[1], columns[2], columns[3])
+
+    def _track(self, item: StepRequest) -> _Tracked:
+        tpot = item.req.spec.slo.tpot_s
+        run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
+        return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run)
+
+    @staticmethod
+    def _prefill_tokens(replica: StepwiseReplica, room: int) -> int:
+        """Prompt tokens pending in the replica, up to `room` (what a step could prefill)."""
+        pending = 0
+        for queue in (replica.prefilling, replica.waiting):
+            for r in queue:
+                pending += r.prompt_left
+                if pending >= room:
+                    return room
+        return pending
+
+    @staticmethod
+    def _plan_prefill(replica: StepwiseReplica, batch: BatchPlan, budget: int) -> None:
+        """vLLM's chunked prefill with what the decodes leave of max_num_batched_tokens: running prefills
+        first, then FCFS admission within max_num_seqs."""
+        for r in replica.prefilling:
+            if budget <= 0:
+                return
+            chunk = min(r.prompt_left, budget)
+            batch.prefill.append((r, chunk))
+            budget -= chunk
+        seqs = replica.running
+        for r in replica.waiting:
+            if budget <= 0 or seqs >= replica.max_seqs:
+                return
+            chunk = min(r.prompt_left, budget)
+            if chunk < r.prompt_left and not replica.chunked:
+                return
+            batch.prefill.append((r, chunk))
+            budget -= chunk
+            seqs += 1
+
+
+class AdaServePolicy(Policy):
+    """`mode: adaserve`: SLO-customized speculative decoding in every replica (settings: `adaserve:`)."""
+
+    name = "adaserve"
+
+    def __init__(self, spec: AdaServeSpec, calibration: Calibration, seed: int = 0) -> None:
+        self.spec = spec
+        self.calibration = calibration
+        self.seed = seed
+        self.planners: list[TreePlanner] = []
+
+    def step_planner(self, replica_index: int) -> TreePlanner:
+        rng = np.random.default_rng([self.seed, replica_index, 2])
+        scheduler = TreeScheduler(self.spec, StepTimeModel.from_calibration(self.calibration), rng)
+        planner = TreePlanner(scheduler, self.spec)
+        self.planners.append(planner)
+        return planner
+
+    def describe(self) -> dict[str, Any]:
+        info: dict[str, Any] = {"mode": self.name, **self.spec.model_dump()}
+        for planner in self.planners:
+            info.update(planner.scheduler.describe())  # type: ignore[union-attr]
+        return info
+
+
+class StaticSpeculationPolicy(Policy):
+    """vLLM-Spec(k) on AdaServe's token-level model: every decoding request verifies a k-token chain."""
+
+    def __init__(self, width: int, spec: AdaServeSpec, calibration: Calibration, seed: int = 0) -> None:
+        self.name = f"static-spec-{width}"
+        self.width = width
+        self.spec = spec
+        self.calibration = calibration
+        self.seed = seed
+
+    def step_planner(self, replica_index: int) -> TreePlanner:
+        rng = np.random.default_rng([self.seed, replica_index, 3])
+        return TreePlanner(StaticScheduler(self.width, self.spec, rng), self.spec)

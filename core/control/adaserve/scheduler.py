@@ -1,0 +1,180 @@
+"""One step of AdaServe's decoding for a batch, on arrays (paper 002, sec. 4.3 Algorithm 2 and sec. 5.2).
+
+`TreeScheduler.step` takes the decoding requests' SLO state and returns, per request, the positions it
+verifies (its root plus its selected draft tokens) and how many tokens it emits, drawn from the token-level
+model's true acceptance (speculation.py). `StaticScheduler` is the static baseline on the same model:
+every request verifies a `width`-token chain (vLLM-Spec(k) in the paper's evaluation).
+
+Both are free of the engine: the stepwise replica's planner (planner.py) feeds them and applies the result.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.control.adaserve.speculation import (
+    accepted_draft_tokens,
+    candidate_shape,
+    chain_selection,
+    draft_estimate,
+    full_selection,
+    path_probabilities,
+    select,
+)
+from core.control.adaserve.trees import adaptive_shape
+from core.profile import AdaServeSpec
+from core.sim.perf_model import StepTimeModel
+
+
+def roofline_budget(model: StepTimeModel, context_tokens: float = 0.0, sequences: int = 1) -> int:
+    """The most tokens one step verifies before its time rises above that of a step verifying one token per
+    sequence (the roofline knee, paper 004 sec. 3.1.1's model): below it the step is bound by streaming the
+    weights and reading the KV cache, so extra verified tokens are nearly free. Grows with the context held."""
+    floor = model.step_time(sequences, context_tokens, 0, sequences)
+    knee = math.inf
+    for base, per_token, per_ctx, _, per_seq in model.terms:
+        if per_token > 0:
+            fixed = base + per_ctx * context_tokens + per_seq * sequences
+            knee = min(knee, (floor - fixed) / per_token)
+    return sequences if knee == math.inf else max(sequences, int(knee + 1e-9))
+
+
+@dataclass(slots=True)
+class DecodeBatch:
+    """The decoding requests of one step, as arrays (one entry per request)."""
+
+    budget: int  # B: tokens this step verifies, roots included
+    need: np.ndarray  # A(r) - 1: draft tokens to accept this step to be on the TPOT SLO after it (sec. 3)
+    truth: np.ndarray  # this step's true local acceptance a (speculation.py)
+    estimate: np.ndarray  # the draft's estimate â of it
+    uniforms: np.ndarray  # one U(0, 1) per request: draws the accepted depth
+
+    def __len__(self) -> int:
+        return len(self.need)
+
+
+@dataclass(slots=True)
+class StepDecision:
+    verified: np.ndarray  # (n,) positions verified: 1 (the root) + draft tokens
+    emitted: np.ndarray  # (n,) tokens emitted: 1 + accepted draft tokens
+    spec_steps: int  # the draft model's sequential passes (0: no speculation this step)
+
+
+@dataclass(slots=True)
+class AcceptanceRun:
+    """A request's per-step randomness, drawn ahead in one go (a step takes entry `next`)."""
+
+    steps: list[tuple[float, float, float]]  # (true a, the draft's estimate, uniform) per step
+    next: int = 0
+
+
+def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSpec) -> AcceptanceRun:
+    """`steps` steps of a request whose mean acceptance is `mean`: the true local acceptance a ~ Beta around
+    it (per-step randomness), the draft's estimate of a (mismatch), and the uniforms of verification."""
+    m = min(max(mean, 1e-6), 1.0 - 1e-6)
+    truth = rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps)
+    estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng)
+    return AcceptanceRun(list(zip(truth.tolist(), estimate.tolist(), rng.random(steps).tolist(), strict=True)))
+
+
+class TreeScheduler:
+    """Speculate (beam search), select (SLO-customized, then throughput-optimized), verify, per step."""
+
+    def __init__(self, spec: AdaServeSpec, model: StepTimeModel, rng: np.random.Generator) -> None:
+        self.spec = spec
+        self.model = model
+        self.rng = rng
+        self._shapes: dict[tuple[int, int], tuple[int, int]] = {}
+        self.steps = 0
+        self.verified_tokens = 0  # roots included, over the run
+        self.slo_tokens = 0  # draft tokens chosen in the SLO-customized phase
+        self.draft_tokens = 0
+        self.emitted_tokens = 0  # accepted drafts + the verifier's own token
+
+    def budget(self, active: int, context_tokens: float) -> int:
+        """B for this step: the profile's, or the roofline knee at the KV context the batch holds."""
+        if self.spec.budget is not None:
+            return max(self.spec.budget, active)
+        return roofline_budget(self.model, context_tokens, active)
+
+    def shape(self, active: int, budget: int) -> tuple[int, int]:
+        """(d, w) for `active` decoding requests (eqs. 8-9, B1 = this step's budget), memoised."""
+        key = (active, budget)
+        known = self._shapes.get(key)
+        if known is None:
+            spec = self.spec
+            known = self._shapes[key] = adaptive_shape(
+                active,
+                verify_budget=budget,
+                draft_budget=spec.draft_budget,
+                depth_bounds=spec.depth_bounds,
+                max_width=spec.max_width,
+                c1=spec.c1,
+                c2=spec.c2,
+            )
+        return known
+
+    def planned(self, active: int, context_tokens: float) -> tuple[int, int]:
+        """(tokens verified, draft passes) of the coming step; the planner prices it for A(r)'s t_spec."""
+        budget = self.budget(active, context_tokens)
+        return budget, self.shape(active, budget)[0]
+
+    def step(self, batch: DecodeBatch) -> StepDecision:
+        n = len(batch)
+        depth, width = self.shape(n, batch.budget)
+        shape = candidate_shape(depth, width)
+        if batch.budget - n >= n * shape.size:
+            # Every candidate fits the budget: the selection is everything, whatever the draft estimated.
+            selection = full_selection(n, shape.size)
+            accepted = accepted_draft_tokens(shape, selection, path_probabilities(shape, batch.truth), batch.uniforms)
+        else:
+            both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
+            selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
+            accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
+        drafted = int(selection.counts.sum())
+        self.steps += 1
+        self.verified_tokens += drafted + n
+        self.slo_tokens += int(selection.slo_counts.sum())
+        self.draft_tokens += drafted
+        emitted = accepted + 1
+        self.emitted_tokens += int(emitted.sum())
+        return StepDecision(verified=selection.counts + 1, emitted=emitted, spec_steps=depth if drafted else 0)
+
+    def describe(self) -> dict[str, float | int]:
+        steps = max(self.steps, 1)
+        return {
+            "verified_tokens_per_step": round(self.verified_tokens / steps, 2),
+            "draft_tokens_per_step": round(self.draft_tokens / steps, 2),
+            "slo_share_of_drafts": round(self.slo_tokens / max(self.draft_tokens, 1), 3),
+            "acceptance_of_drafts": round(
+                (self.emitted_tokens - self.verified_tokens + self.draft_tokens) / max(self.draft_tokens, 1), 3
+            ),
+        }
+
+
+class StaticScheduler:
+    """The static-speculation baseline on the same token model: a `width`-token chain for everyone."""
+
+    def __init__(self, width: int, spec: AdaServeSpec, rng: np.random.Generator) -> None:
+        self.width = width
+        self.spec = spec
+        self.rng = rng
+
+    def describe(self) -> dict[str, float | int]:
+        return {"spec_width": self.width}
+
+    def planned(self, active: int, context_tokens: float) -> tuple[int, int]:
+        return active * (self.width + 1), self.width
+
+    def step(self, batch: DecodeBatch) -> StepDecision:
+        n = len(batch)
+        ones = np.ones(n, dtype=np.int64)
+        if self.width == 0:
+            return StepDecision(verified=ones, emitted=ones, spec_steps=0)
+        shape = candidate_shape(self.width, 1)
+        selection = chain_selection(n, self.width)
+        accepted = accepted_draft_tokens(shape, selection, path_probabilities(shape, batch.truth), batch.uniforms)
+        return StepDecision(verified=ones + self.width, emitted=accepted + 1, spec_steps=self.width)

@@ -1,0 +1,237 @@
+"""SLOs-Serve's admission control: a dynamic program over prefill deadlines (paper 004, sec. 3.2.1, App. C).
+
+The question it answers, for one replica at time `now`: of the new requests, which can be admitted so
+that every admitted request (the ones already running included) still meets its SLOs, admitting as many
+as possible?
+
+Model (the paper's, in "fluid" token rates):
+- Requests are visited in order of prefill deadline (arrival + TTFT SLO). Between two consecutive
+  deadlines the replica produces batch tokens at the rate of the decode plan for the tiers that decode
+  then (budget.py: the tightest TPOT sets the batch time, Algorithm 2); the decodes of admitted requests
+  take their share (a request admitted with prefill deadline d decodes from d on at 1 token per TPOT);
+  what is left is the prefill budget `pb`.
+- A request is admitted when the prefill budget accumulated by its deadline, after paying every earlier
+  admitted prefill, still covers its prompt: pb[i] = pb[j] + delta(j -> i) - p_i >= 0. State: the number
+  of admitted requests per TPOT tier (the decode population that fixes delta); value: the most prefill
+  budget left (Appendix C's throughput form: every request is worth one, so the count is the objective).
+- Running requests are admitted by force ("continuous optimisation"): decoding ones are a known token
+  demand (their remaining tokens at their pace), prefilling ones are visited at their deadline and always
+  taken. A new request is admitted only where no admitted request's budget goes negative.
+- KV memory: admitted requests (prompt + output, lengths known as in the paper's evaluation) must fit
+  in what the running requests leave of the KV cache.
+- After the last deadline the admitted decode population must still fit the batches (prefill rate >= 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.control.slos_serve.budget import BudgetModel
+from core.sim.perf_model import StepTimeModel
+
+EPSILON = 1e-6  # tokens: rounding slack in budget comparisons
+
+
+@dataclass(slots=True)
+class PlanRequest:
+    """One request as the planner sees it."""
+
+    request_id: int
+    prefill_deadline_s: float  # absolute: arrival + TTFT SLO
+    prefill_tokens: int  # prompt tokens still to prefill (0: decoding)
+    decode_tokens: int  # output tokens still owed after the first
+    tpot_s: float
+    kv_tokens: int  # KV the request holds when it ends (prompt + output)
+    context_tokens: int = 0  # KV it holds now
+    # Decoding requests: when their token pace starts (token k of the remaining is due at start + k * TPOT).
+    decode_start_s: float = 0.0
+
+    @property
+    def decoding(self) -> bool:
+        return self.prefill_tokens <= 0
+
+
+@dataclass(slots=True)
+class Admission:
+    admitted: list[int] = field(default_factory=list)  # new requests' ids, in deadline order
+    declined: list[int] = field(default_factory=list)
+    prefill_slack_tokens: float = 0.0  # prefill budget left at the last deadline of the chosen plan
+
+
+@dataclass(frozen=True, slots=True)
+class PlannerSettings:
+    max_batch_tokens: int
+    kv_capacity_tokens: int
+    max_spec_len: int = 0
+    acceptance: float = 0.0
+
+
+@dataclass(slots=True)
+class _State:
+    budget: float  # prefill budget at the last visited deadline
+    memory: int  # KV of the new requests admitted so far
+    admitted: int  # bitmask over new-request positions
+    new: int  # how many new requests are admitted
+
+
+def tier_list(tpots: Sequence[float]) -> list[float]:
+    """The distinct TPOT SLOs, tightest first (per-TPOT tiers, sec. 3.2.1 "Multi-Decode SLOs")."""
+    return sorted(set(tpots))
+
+
+class AdmissionPlanner:
+    """Runs the admission DP for one replica; `model` is the calibrated step-time model."""
+
+    def __init__(self, model: StepTimeModel, settings: PlannerSettings) -> None:
+        self.model = model
+        self.settings = settings
+
+    def budget_model(self, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> BudgetModel:
+        tiers = tier_list([r.tpot_s for r in running] + [r.tpot_s for r in new])
+        index = {t: i for i, t in enumerate(tiers)}
+        reference = [0.0] * len(tiers)
+        for r in (*running, *new):
+            reference[index[r.tpot_s]] += 1.0
+        s = self.settings
+        return BudgetModel(
+            self.model,
+            tiers,
+            max_batch_tokens=s.max_batch_tokens,
+            context_tokens=sum(r.context_tokens for r in running) + sum(r.prefill_tokens for r in new),
+            sequences=len(running) + len(new),
+            max_spec_len=s.max_spec_len,
+            acceptance=s.acceptance,
+            reference_counts=reference,
+        )
+
+    def admit(self, now: float, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> Admission:
+        if not new:
+            return Admission()
+        budget = self.budget_model(running, new)
+        tiers = budget.tiers
+        tier_of = {t: i for i, t in enumerate(tiers)}
+        n_tiers = len(tiers)
+
+        decoders = [r for r in running if r.decoding and r.decode_tokens > 0]
+        forced = [r for r in running if not r.decoding]
+        # Visit order: by prefill deadline; a running request before a new one on a tie.
+        visits: list[tuple[float, int, int, PlanRequest]] = [(r.prefill_deadline_s, 0, -1, r) for r in forced]
+        visits += [(r.prefill_deadline_s, 1, pos, r) for pos, r in enumerate(new)]
+        visits.sort(key=lambda v: (v[0], v[1]))
+        deadlines = np.array([max(v[0], now) for v in visits])
+        demand = _running_demand(now, decoders, tier_of, n_tiers, deadlines)
+        running_mask = 0
+        alive_at_end = [0] * n_tiers
+        for r in decoders:
+            running_mask |= 1 << tier_of[r.tpot_s]
+            if r.decode_start_s + r.decode_tokens * r.tpot_s > deadlines[-1]:
+                alive_at_end[tier_of[r.tpot_s]] += 1
+        kv_free = self.settings.kv_capacity_tokens - sum(r.kv_tokens for r in running)
+
+        states: dict[tuple[int, ...], _State] = {(0,) * n_tiers: _State(0.0, 0, 0, 0)}
+        previous_t = now
+        previous_demand = np.zeros(n_tiers)
+        for k, (deadline, kind, pos, req) in enumerate(visits):
+            at = float(deadlines[k])
+            dt = at - previous_t
+            running_tokens = demand[:, k] - previous_demand
+            if dt > 0.0 or running_tokens.any():
+                states = _advance(states, budget, running_mask, dt, running_tokens, tiers)
+            previous_t, previous_demand = at, demand[:, k]
+            tier = tier_of[req.tpot_s]
+            grown: dict[tuple[int, ...], _State] = {}
+            for counts, state in states.items():
+                bigger = (*counts[:tier], counts[tier] + 1, *counts[tier + 1 :])
+                if kind == 0:  # running: admitted by force
+                    left = state.budget - req.prefill_tokens
+                    if left >= -EPSILON or state.new == 0:
+                        _keep(grown, bigger, _State(left, state.memory, state.admitted, state.new))
+                    continue
+                _keep(grown, counts, state)
+                left = state.budget - req.prefill_tokens
+                memory = state.memory + req.kv_tokens
+                if left >= -EPSILON and memory <= kv_free and deadline > now:
+                    _keep(grown, bigger, _State(left, memory, state.admitted | 1 << pos, state.new + 1))
+            states = grown
+
+        best: _State | None = None
+        for counts, state in states.items():
+            if state.new and not _sustainable(budget, running_mask, counts, alive_at_end):
+                continue
+            if best is None or (state.new, state.budget) > (best.new, best.budget):
+                best = state
+        chosen = 0 if best is None else best.admitted
+        result = Admission(prefill_slack_tokens=0.0 if best is None else best.budget)
+        for _, kind, pos, req in visits:
+            if kind == 1:
+                (result.admitted if chosen >> pos & 1 else result.declined).append(req.request_id)
+        return result
+
+
+def _running_demand(
+    now: float, decoders: Sequence[PlanRequest], tier_of: dict[float, int], n_tiers: int, deadlines: np.ndarray
+) -> np.ndarray:
+    """Cumulative decode tokens the running requests are owed by each deadline, per tier (n_tiers x K).
+    Tokens already overdue at `now` count in the first interval."""
+    out = np.zeros((n_tiers, len(deadlines)))
+    if not decoders:
+        return out
+    start = np.array([r.decode_start_s for r in decoders])
+    pace = np.array([r.tpot_s for r in decoders])
+    left = np.array([r.decode_tokens for r in decoders], dtype=float)
+    owed = np.clip((deadlines[None, :] - start[:, None]) / pace[:, None], 0.0, left[:, None])
+    tiers = np.array([tier_of[r.tpot_s] for r in decoders])
+    np.add.at(out, tiers, owed)
+    return out
+
+
+def _advance(
+    states: dict[tuple[int, ...], _State],
+    budget: BudgetModel,
+    running_mask: int,
+    dt: float,
+    running_tokens: np.ndarray,
+    tiers: Sequence[float],
+) -> dict[tuple[int, ...], _State]:
+    """Add the prefill budget each state earns over `dt`; drop states where an admitted request would
+    miss (budget < 0 with new requests in it)."""
+    out: dict[tuple[int, ...], _State] = {}
+    running = [float(x) for x in running_tokens]
+    for counts, state in states.items():
+        mask = running_mask
+        for tier, n in enumerate(counts):
+            if n:
+                mask |= 1 << tier
+        plan = budget.plan(mask)
+        gain = plan.supply_tps * dt
+        for tier, cost in enumerate(plan.cost_per_token):
+            owed = running[tier] + counts[tier] * dt / tiers[tier]
+            if owed:
+                gain -= cost * owed
+        state = _State(state.budget + gain, state.memory, state.admitted, state.new)
+        if state.budget < -EPSILON and state.new:
+            continue
+        out[counts] = state
+    return out
+
+
+def _keep(states: dict[tuple[int, ...], _State], counts: tuple[int, ...], state: _State) -> None:
+    """Merge: per decode population, keep the state with the most prefill budget (then least memory)."""
+    held = states.get(counts)
+    # Ties go to the earlier requests (a smaller mask of positions in deadline order).
+    if held is None or (state.budget, -state.memory, -state.admitted) > (held.budget, -held.memory, -held.admitted):
+        states[counts] = state
+
+
+def _sustainable(budget: BudgetModel, running_mask: int, counts: tuple[int, ...], alive: Sequence[int]) -> bool:
+    """After the last deadline: do the admitted decodes (and the running ones still going) fit the batches?"""
+    mask = running_mask
+    total = []
+    for tier, n in enumerate(counts):
+        if n:
+            mask |= 1 << tier
+        total.append(n + alive[tier])
+    return budget.prefill_rate(total, mask) >= -EPSILON

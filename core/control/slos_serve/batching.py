@@ -1,0 +1,152 @@
+"""Batch formation with a dynamic batch size (paper 004, Algorithm 2, sec. 3.2.2) and SLO-adaptive
+speculation per request (sec. 3.2.3).
+
+One batch: the decode plan of the tiers now decoding (budget.py) fixes its duration (the tightest TPOT, or
+TPOT x Acc(sl) with speculation) and so its token budget; decode tokens go first, earliest-deadline-first,
+to the requests whose next token falls due before the batch ends (each verifies 1 + its tier's speculation
+length); the rest of the budget goes to prefill, earliest prefill deadline first. Two additions to the
+paper's pseudocode, both work-conserving: budget still left after every prefill goes to decodes that are
+not yet due, and the best-effort tier (sec. 4.1) gets only what the SLO requests leave.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from core.control.slos_serve.budget import BudgetModel
+from core.sim.perf_model import expected_accepted_tokens
+
+
+@dataclass(slots=True)
+class DecodeTask:
+    request_id: int
+    tpot_s: float
+    next_due_s: float  # when its next output token is due
+    tokens_left: float
+    best_effort: bool = False
+
+
+@dataclass(slots=True)
+class PrefillTask:
+    request_id: int
+    deadline_s: float  # prefill deadline (arrival + TTFT SLO)
+    tokens_left: int
+    best_effort: bool = False
+    tpot_s: float = 0.0  # its decode SLO once the prefill is done (schedule_batches)
+    decode_tokens: int = 0
+
+
+@dataclass(slots=True)
+class StepBatch:
+    start_s: float
+    duration_s: float  # the plan's batch time (the tokens below may fill less)
+    token_budget: int
+    decode: dict[int, int] = field(default_factory=dict)  # request -> positions verified (1 + drafts)
+    prefill: dict[int, int] = field(default_factory=dict)  # request -> prompt tokens this batch
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.decode.values()) + sum(self.prefill.values())
+
+
+def form_batch(
+    now: float,
+    decoding: Sequence[DecodeTask],
+    prefilling: Sequence[PrefillTask],
+    budget: BudgetModel,
+    *,
+    work_conserving: bool = True,
+) -> StepBatch:
+    """The next batch (Algorithm 2's loop body) for the requests as they stand at `now`."""
+    tiers = {t: i for i, t in enumerate(budget.tiers)}
+    mask = 0
+    for d in decoding:
+        if not d.best_effort:
+            mask |= 1 << tiers[d.tpot_s]
+    plan = budget.plan(mask)
+    batch = StepBatch(now, plan.batch_time_s, int(plan.batch_tokens))
+    left = batch.token_budget
+    end = now + plan.batch_time_s
+    slo_decodes = sorted((d for d in decoding if not d.best_effort and d.tokens_left > 0), key=lambda d: d.next_due_s)
+    later: list[DecodeTask] = []
+    for d in slo_decodes:  # Algorithm 2, lines 8-13: EDF over the decodes due in this batch
+        if d.next_due_s > end:
+            later.append(d)
+            continue
+        need = 1 + plan.spec_len[tiers[d.tpot_s]]
+        if need > left:
+            break
+        batch.decode[d.request_id] = need
+        left -= need
+    for p in sorted((p for p in prefilling if not p.best_effort), key=lambda p: p.deadline_s):
+        if left <= 0:
+            break
+        chunk = min(p.tokens_left, left)
+        if chunk > 0:
+            batch.prefill[p.request_id] = chunk
+            left -= chunk
+    if work_conserving:
+        for d in later:
+            need = 1 + plan.spec_len[tiers[d.tpot_s]]
+            if need > left:
+                break
+            batch.decode[d.request_id] = need
+            left -= need
+        for p in (p for p in prefilling if p.best_effort):
+            if left <= 0:
+                break
+            chunk = min(p.tokens_left, left)
+            if chunk > 0:
+                batch.prefill[p.request_id] = chunk
+                left -= chunk
+        for d in decoding:
+            if left <= 0:
+                break
+            if d.best_effort and d.tokens_left > 0:
+                batch.decode[d.request_id] = 1
+                left -= 1
+    return batch
+
+
+def schedule_batches(
+    now: float,
+    horizon_s: float,
+    decoding: Sequence[DecodeTask],
+    prefilling: Sequence[PrefillTask],
+    budget: BudgetModel,
+    *,
+    work_conserving: bool = False,
+) -> list[StepBatch]:
+    """Algorithm 2 run forward over `horizon_s` in the plan's own model: each decode gains its expected
+    tokens per verification and its next token falls due one TPOT per token later; a request whose prefill
+    completes decodes from its prefill deadline on (the DP's accounting, sec. 3.2.1). Pure: the inputs are
+    copied, not changed."""
+    decodes = [DecodeTask(d.request_id, d.tpot_s, d.next_due_s, d.tokens_left, d.best_effort) for d in decoding]
+    prefills = [
+        PrefillTask(p.request_id, p.deadline_s, p.tokens_left, p.best_effort, p.tpot_s, p.decode_tokens)
+        for p in prefilling
+    ]
+    tiers = {t: i for i, t in enumerate(budget.tiers)}
+    batches: list[StepBatch] = []
+    clock = now
+    while clock < now + horizon_s - 1e-9:
+        batch = form_batch(clock, decodes, prefills, budget, work_conserving=work_conserving)
+        if batch.duration_s <= 0.0:
+            break
+        batches.append(batch)
+        clock += batch.duration_s
+        for d in decodes:
+            verified = batch.decode.get(d.request_id)
+            if verified:
+                gained = expected_accepted_tokens(budget.acceptance, verified - 1) if verified > 1 else 1.0
+                d.tokens_left -= gained
+                d.next_due_s += d.tpot_s * gained
+        for p in prefills:
+            p.tokens_left -= batch.prefill.get(p.request_id, 0)
+            if p.tokens_left <= 0 and p.decode_tokens > 0 and p.tpot_s in tiers:
+                start = max(clock, p.deadline_s)
+                decodes.append(DecodeTask(p.request_id, p.tpot_s, start + p.tpot_s, p.decode_tokens, p.best_effort))
+                p.decode_tokens = 0
+        prefills = [p for p in prefills if p.tokens_left > 0]
+    return batches

@@ -1,0 +1,145 @@
+"""How many tokens per second a replica can give to prefill while it keeps its decodes on their TPOT SLOs.
+
+This is the supply side of SLOs-Serve's planner (paper 004):
+- the step time of a batch comes from the calibrated roofline model (sec. 3.1.1; core/sim/perf_model.py,
+  fitted by `--job calibrate`), inverted into "how many tokens fit in a batch of this duration" (Time2BS);
+- without speculation the tightest TPOT among the decoding tiers sets the batch duration (Algorithm 2,
+  sec. 3.2.2): every batch must hand each of those requests a token in time, and the batch takes as many
+  tokens as fit in that duration (the dynamic batch size);
+- with speculation (sec. 3.2.3, Appendix D) each tier l verifies `sl_l` drafted tokens per batch and gains
+  Acc(sl_l) tokens, so the batch may last min_l TPOT_l * Acc(sl_l); the per-tier lengths are chosen to
+  maximise the prefill throughput (batch tokens left after the decodes, per second).
+
+Everything is a rate ("fluid") so that the admission DP can integrate it over the intervals between prefill
+deadlines; the per-step batch formation (batching.py) turns the same plan into concrete batches.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from core.sim.perf_model import StepTimeModel, expected_accepted_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class DecodePlan:
+    """How batches serve one set of populated decode tiers."""
+
+    batch_time_s: float  # duration of one batch
+    batch_tokens: float  # tokens it holds (decode verification positions + prefill)
+    spec_len: tuple[int, ...]  # drafted tokens verified per request and batch, per tier (0 = autoregressive)
+    # Batch tokens spent per output token of a request in each tier: (sl + 1) / Acc(sl).
+    cost_per_token: tuple[float, ...]
+
+    @property
+    def supply_tps(self) -> float:
+        """Batch tokens per second."""
+        return self.batch_tokens / self.batch_time_s
+
+
+class BudgetModel:
+    """Prefill throughput left over by decode tiers, for one planning invocation.
+
+    tiers: the distinct TPOT SLOs (seconds) the planner tracks, tightest first; a tier's index is its
+    position. context_tokens / sequences: the KV the batches read and the requests they hold (they enter
+    the step time through the model's KV-read and per-sequence terms). max_batch_tokens caps a batch
+    (the engine's max_num_batched_tokens); max_spec_len > 0 enables SLO-adaptive speculation with drafts
+    accepted at `acceptance` per token. reference_counts: the decode population per tier the speculation
+    lengths are chosen for (Appendix D), once per invocation; every plan then uses those lengths, so the
+    admission DP does not re-solve the speculation problem for each of its states.
+    """
+
+    def __init__(
+        self,
+        model: StepTimeModel,
+        tiers: Sequence[float],
+        *,
+        max_batch_tokens: int,
+        context_tokens: float = 0.0,
+        sequences: int = 0,
+        max_spec_len: int = 0,
+        acceptance: float = 0.0,
+        reference_counts: Sequence[float] | None = None,
+    ) -> None:
+        self.model = model
+        self.tiers = tuple(tiers)
+        self.max_batch_tokens = max_batch_tokens
+        self.context_tokens = context_tokens
+        self.sequences = sequences
+        self.max_spec_len = max_spec_len if acceptance > 0.0 else 0
+        self.acceptance = acceptance
+        self._plans: dict[int, DecodePlan] = {}
+        self._idle = self._batch(None, 0)
+        reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
+        self.spec_len = self._choose_speculation(reference)
+
+    def _batch(self, time_limit_s: float | None, spec_steps: int) -> tuple[float, float]:
+        """(tokens, duration) of the largest batch within `time_limit_s` (None: the largest batch allowed)."""
+        model = self.model
+        tokens = float(self.max_batch_tokens)
+        if time_limit_s is not None:
+            tokens = min(tokens, model.tokens_within(time_limit_s, self.context_tokens, spec_steps, self.sequences))
+        tokens = float(int(tokens + 1e-6))  # whole tokens; the slack absorbs float error
+        duration = model.step_time(tokens, self.context_tokens, spec_steps, self.sequences)
+        return tokens, max(duration, 1e-9)
+
+    def _gain(self, spec_len: int) -> float:
+        return expected_accepted_tokens(self.acceptance, spec_len) if spec_len else 1.0
+
+    def _evaluate(self, members: Sequence[int], lengths: Sequence[int]) -> DecodePlan:
+        """The batch plan for populated tiers `members` verifying `lengths[t]` drafts per request of tier t."""
+        if not members:
+            tokens, duration = self._idle
+            return DecodePlan(duration, tokens, (0,) * len(self.tiers), (1.0,) * len(self.tiers))
+        # The batch may last until the tightest tier's request would fall behind its pace (sec. 3.2.3;
+        # without speculation: the tightest TPOT, Algorithm 2 line 1).
+        limit = min(self.tiers[t] * self._gain(lengths[t]) for t in members)
+        spec_steps = max(lengths[t] for t in members)
+        tokens, duration = self._batch(limit, spec_steps)
+        costs = tuple((lengths[t] + 1) / self._gain(lengths[t]) for t in range(len(self.tiers)))
+        return DecodePlan(duration, tokens, tuple(lengths), costs)
+
+    def _choose_speculation(self, reference: Sequence[float]) -> tuple[int, ...]:
+        """Appendix D: enumerate per-tier speculation lengths, keep those with the most prefill throughput
+        for the reference population."""
+        zeros = (0,) * len(self.tiers)
+        members = [t for t, n in enumerate(reference) if n > 0]
+        if self.max_spec_len == 0 or not members:
+            return zeros
+        best, best_rate = zeros, -float("inf")
+        for combo in itertools.product(range(self.max_spec_len + 1), repeat=len(members)):
+            lengths = list(zeros)
+            for t, sl in zip(members, combo, strict=True):
+                lengths[t] = sl
+            plan = self._evaluate(members, lengths)
+            if plan.batch_tokens <= 0.0:
+                continue
+            rate = self._rate(plan, reference)
+            if rate > best_rate:
+                best, best_rate = tuple(lengths), rate
+        return best
+
+    def plan(self, populated: int) -> DecodePlan:
+        """The batch plan while the tiers in bitmask `populated` have decoding requests (cached)."""
+        cached = self._plans.get(populated)
+        if cached is None:
+            members = [t for t in range(len(self.tiers)) if populated >> t & 1]
+            cached = self._evaluate(members, self.spec_len)
+            if cached.batch_tokens <= 0.0:  # not one token fits at the tightest pace: the idle plan's pace
+                cached = self._evaluate([], self.spec_len)
+            self._plans[populated] = cached
+        return cached
+
+    def _rate(self, plan: DecodePlan, counts: Sequence[float]) -> float:
+        rate = plan.supply_tps
+        for tier, n in enumerate(counts):
+            if n:
+                rate -= n * plan.cost_per_token[tier] / self.tiers[tier]
+        return rate
+
+    def prefill_rate(self, counts: Sequence[float], populated: int) -> float:
+        """Prefill tokens per second left while `counts[l]` requests decode in tier l at their TPOT
+        (negative: the decodes alone do not fit)."""
+        return self._rate(self.plan(populated), counts)

@@ -1,0 +1,222 @@
+"""SLOs-Serve as a scheduling mode (`mode: slos-serve`): the controller side of paper 004.
+
+- Soft admission control (sec. 3.1, Algorithm 1): arrivals wait in the controller until the scheduler
+  runs (every `schedule_window_s`, or at once when `schedule_batch` arrivals wait); then the admission DP
+  (admission.py) decides, per replica, which of them can be served within their SLOs on top of the
+  requests that replica already holds.
+- Per-replica virtual schedulers (sec. 4.2): each replica's state is the plan's own (virtual.py), advanced
+  with the performance model; the simulator's step planner reports real progress into it.
+- SLO-driven sequential routing (sec. 4.2): a batch of arrivals goes first to the next replica in
+  round-robin order; whatever that replica's DP declines is offered to the next replica, up to
+  `routing_limit` replicas.
+- Best-effort tier (sec. 4.1): a request no replica can attain is held in TIER_BEST_EFFORT and retried
+  (with a fresh TTFT window, so it is served only where that costs no admitted request its SLOs) when a
+  request finishes and every `best_effort_retry_s`; one still held at the end of the run becomes a
+  `deferred` record. It counts in attainment as what it is: served late, or not served.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from core.control.policy import (
+    TIER_BEST_EFFORT,
+    TIER_HIGH,
+    ControlledRequest,
+    HeldQueue,
+    Policy,
+    Release,
+    ReplicaView,
+    Verdict,
+)
+from core.control.slos_serve.admission import AdmissionPlanner, PlannerSettings, PlanRequest
+from core.control.slos_serve.virtual import Tracked, VirtualReplica
+from core.profile import Calibration, KnobsSpec, SlosServeSpec
+from core.sim.perf_model import StepTimeModel
+
+
+class SlosServePolicy(Policy):
+    name = "slos-serve"
+    passthrough = False
+
+    def __init__(
+        self,
+        calibration: Calibration,
+        knobs: KnobsSpec,
+        settings: SlosServeSpec | None = None,
+        *,
+        replicas: int = 1,
+    ) -> None:
+        self.settings = settings or SlosServeSpec()
+        s = self.settings
+        max_spec = s.max_spec_len if s.max_spec_len is not None else knobs.effective_spec_width
+        self.planner_settings = PlannerSettings(
+            max_batch_tokens=s.max_batch_tokens or knobs.max_num_batched_tokens,
+            kv_capacity_tokens=calibration.kv_capacity_tokens,
+            max_spec_len=max_spec,
+            acceptance=calibration.default_acceptance,
+        )
+        self.model = StepTimeModel.from_calibration(calibration)
+        planner = AdmissionPlanner(self.model, self.planner_settings)
+        self.virtual = [VirtualReplica(i, planner) for i in range(replicas)]
+        self.routing_limit = min(replicas, s.routing_limit or replicas)
+        self.pending = HeldQueue()  # arrived, waiting for the next scheduler invocation
+        self.best_effort = HeldQueue()
+        self._next_replica = 0  # the one-shot round-robin dispatcher's pointer
+        self._best_effort_due = math.inf
+        self.invocations = 0
+        self.admitted = 0
+        self.offloaded = 0
+
+    # ------------------------------------------------------------ request SLOs
+
+    def ttft_s(self, req: ControlledRequest) -> float:
+        slo = req.spec.slo.ttft_s
+        return slo if slo is not None else self.settings.default_ttft_s
+
+    def tpot_s(self, req: ControlledRequest) -> float:
+        slo = req.spec.slo.tpot_s
+        return slo if slo is not None else self.settings.default_tpot_s
+
+    def plan_request(self, req: ControlledRequest, deadline_s: float) -> PlanRequest:
+        spec = req.spec
+        return PlanRequest(
+            spec.request_id,
+            deadline_s,
+            spec.prompt_tokens,
+            max(0, spec.output_tokens - 1),
+            self.tpot_s(req),
+            spec.prompt_tokens + spec.output_tokens,
+        )
+
+    # ------------------------------------------------------------ the Policy interface
+
+    def on_arrival(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> Verdict:
+        req.state["prefill_deadline_s"] = req.arrival_s + self.ttft_s(req)
+        if self.settings.schedule_window_s > 0.0 and self.settings.best_effort:
+            self.pending.push(req)
+            return Verdict.hold(TIER_HIGH)
+        # Decide this arrival on its own, now.
+        releases, declined = self._route(now, [req], {req.request_id: req.state["prefill_deadline_s"]}, TIER_HIGH)
+        if releases:
+            self.admitted += 1
+            return Verdict.release(releases[0].replica)
+        if not self.settings.best_effort:
+            return Verdict.reject("SLOs-Serve: no replica can attain its SLOs")
+        self._offload(declined, now)
+        return Verdict.hold(TIER_BEST_EFFORT)
+
+    def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
+        releases: list[Release] = []
+        if self.pending and self._scheduler_due(now):
+            releases += self._schedule(now, self.pending.take_all())
+        if self.best_effort and now >= self._best_effort_due:
+            releases += self._retry_best_effort(now)
+        return releases
+
+    def on_finish(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> None:
+        if req.replica is not None and req.replica < len(self.virtual):
+            self.virtual[req.replica].remove(req.request_id)
+        if self.best_effort:
+            self._best_effort_due = now  # capacity freed: try the best-effort tier at once
+
+    def next_wakeup(self, now: float) -> float:
+        wake = self._best_effort_due if self.best_effort else math.inf
+        if self.pending:
+            oldest = next(iter(self.pending)).arrival_s
+            wake = min(wake, oldest + self.settings.schedule_window_s)
+        return wake
+
+    def drain(self) -> list[ControlledRequest]:
+        return self.pending.take_all() + self.best_effort.take_all()
+
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "mode": self.name,
+            "replicas": len(self.virtual),
+            "routing_limit": self.routing_limit,
+            "schedule_window_s": s.schedule_window_s,
+            "best_effort": s.best_effort,
+            "max_spec_len": self.planner_settings.max_spec_len,
+            "max_batch_tokens": self.planner_settings.max_batch_tokens,
+            "invocations": self.invocations,
+            "admitted": self.admitted,
+            "offloaded_to_best_effort": self.offloaded,
+        }
+
+    # ------------------------------------------------------------ scheduling
+
+    def _scheduler_due(self, now: float) -> bool:
+        if len(self.pending) >= self.settings.schedule_batch:
+            return True
+        oldest = next(iter(self.pending)).arrival_s
+        return now >= oldest + self.settings.schedule_window_s - 1e-12
+
+    def _route(
+        self, now: float, waiting: list[ControlledRequest], deadline_of: dict[int, float], tier: str
+    ) -> tuple[list[Release], list[ControlledRequest]]:
+        """Sequential routing (sec. 4.2): offer `waiting` to replicas in turn from the round-robin pointer;
+        each admits what its DP can attain; returns the releases and what no replica took."""
+        releases: list[Release] = []
+        start = self._next_replica
+        self._next_replica = (start + 1) % len(self.virtual)
+        for hop in range(self.routing_limit):
+            if not waiting:
+                break
+            replica = self.virtual[(start + hop) % len(self.virtual)]
+            by_id = {r.request_id: r for r in waiting}
+            plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
+            self.invocations += 1
+            admission = replica.try_admit(now, plans)
+            for rid in admission.admitted:
+                req = by_id.pop(rid)
+                req.tier = tier
+                req.state["routing_hops"] = hop + 1
+                replica.add(self._tracked(req, deadline_of[rid], tier == TIER_BEST_EFFORT), now)
+                releases.append(Release(req, replica.index))
+            waiting = [r for r in waiting if r.request_id in by_id]
+        return releases, waiting
+
+    def _schedule(self, now: float, arrivals: list[ControlledRequest]) -> list[Release]:
+        deadlines = {r.request_id: r.state["prefill_deadline_s"] for r in arrivals}
+        releases, declined = self._route(now, arrivals, deadlines, TIER_HIGH)
+        self.admitted += len(releases)
+        self._offload(declined, now)
+        return releases
+
+    def _offload(self, declined: list[ControlledRequest], now: float) -> None:
+        for req in declined:
+            req.tier = TIER_BEST_EFFORT
+            self.best_effort.push(req)
+            self.offloaded += 1
+        if self.best_effort and math.isinf(self._best_effort_due):
+            self._best_effort_due = now + self.settings.best_effort_retry_s
+
+    def _retry_best_effort(self, now: float) -> list[Release]:
+        """Serve best-effort requests where a fresh TTFT window fits without costing admitted requests
+        their SLOs, oldest first; at most one scheduler batch per retry."""
+        waiting = self.best_effort.head(self.settings.schedule_batch)
+        deadlines = {r.request_id: now + self.ttft_s(r) for r in waiting}
+        releases, _ = self._route(now, waiting, deadlines, TIER_BEST_EFFORT)
+        for release in releases:
+            self.best_effort.remove(release.request)
+        self._best_effort_due = now + self.settings.best_effort_retry_s if self.best_effort else math.inf
+        return releases
+
+    def _tracked(self, req: ControlledRequest, deadline_s: float, best_effort: bool) -> Tracked:
+        spec = req.spec
+        decode = max(0, spec.output_tokens - 1)
+        return Tracked(
+            request_id=spec.request_id,
+            prompt_tokens=spec.prompt_tokens,
+            prefill_deadline_s=deadline_s,
+            prefill_left=float(spec.prompt_tokens),
+            decode_left=float(decode),
+            decode_total=decode,
+            tpot_s=self.tpot_s(req),
+            kv_tokens=spec.prompt_tokens + spec.output_tokens,
+            best_effort=best_effort,
+        )

