@@ -469,21 +469,34 @@ class SloConsoleApp(App[int]):
             return
         from core.backends.gateway import GatewayBackend
 
-        try:
-            if isinstance(self.backend, GatewayBackend):
-                self.backend.swap_mode(name)
-                note = "the gateway swapped its policy now; held requests were offered to the new mode"
-            elif self.backend is not None:
-                self.backend = GatewayBackend(self.backend, self.profile, name)  # type: ignore[assignment]
-                note = "the admission gateway goes in front of the running server from the next run"
-            else:
-                note = "the next run starts with it"
-        except ProfileError as exc:
+        if isinstance(self.backend, GatewayBackend):
+            self._swap_gateway_mode(self.backend, name, previous)
+            return
+        if self.backend is not None:
+            self.backend = GatewayBackend(self.backend, self.profile, name)  # type: ignore[assignment]
+            note = "the admission gateway goes in front of the running server from the next run"
+        else:
+            note = "the next run starts with it"
+        self.post_message(SessionChanged())
+        self.notify(f"{note}; the server keeps running.", title=f"Mode: {name}")
+
+    def _swap_gateway_mode(self, backend: Any, name: str, previous: str) -> None:
+        ui_loop = asyncio.get_running_loop()
+
+        def done(exc: BaseException | None) -> None:  # runs on the gateway's loop: hop back without blocking
+            ui_loop.call_soon_threadsafe(self._gateway_mode_swapped, name, previous, exc)
+
+        backend.swap_mode(name, done)
+
+    def _gateway_mode_swapped(self, name: str, previous: str, exc: BaseException | None) -> None:
+        if exc is not None:  # ProfileError (a mode this profile cannot build) or a closed gateway
             self.profile = self.profile.model_copy(update={"mode": previous})
             self.session.scheduling_mode = previous
+            self.post_message(SessionChanged())
             self.notify_error(f"Mode {name} not switched", exc, None)
             return
         self.post_message(SessionChanged())
+        note = "the gateway swapped its policy; held requests were offered to the new mode"
         self.notify(f"{note}; the server keeps running.", title=f"Mode: {name}")
 
     @work(group="run", exclusive=True, exit_on_error=False, description="rerun in another mode")
@@ -586,16 +599,16 @@ class SloConsoleApp(App[int]):
         self._closed = True
         self._generation += 1  # late events of the stopped run are not drawn
         await self._stop_run_task()
-        self.load_thread.close()
         backend = self.backend
-        if backend is None:
-            return
-        if self.config.backend == "vllm":
-            self.notify("Stopping vLLM…", title="Quit", timeout=BACKEND_CLOSE_TIMEOUT_S)
-        try:
-            await asyncio.wait_for(backend.close(), BACKEND_CLOSE_TIMEOUT_S)
-        except Exception as exc:  # still exit; the process module's atexit hook is the last resort
-            self.notify_error("Closing the backend failed", exc, None)
+        if backend is not None:
+            if self.config.backend == "vllm":
+                self.notify("Stopping vLLM…", title="Quit", timeout=BACKEND_CLOSE_TIMEOUT_S)
+            try:
+                # Before the load thread stops: an admission gateway serves on that thread's loop.
+                await asyncio.wait_for(backend.close(), BACKEND_CLOSE_TIMEOUT_S)
+            except Exception as exc:  # still exit; the process module's atexit hook is the last resort
+                self.notify_error("Closing the backend failed", exc, None)
+        self.load_thread.close()
 
     # ------------------------------------------------------------ feel
 

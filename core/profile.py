@@ -435,7 +435,6 @@ class Profile(Strict):
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
     adaserve: AdaServeSpec = Field(default_factory=AdaServeSpec)
 
-
     saber: SaberSpec = Field(default_factory=SaberSpec)
     slos_serve: SlosServeSpec = Field(default_factory=SlosServeSpec)
     # Extension sections owned by other capabilities (live server, tuner, energy) are added here.

@@ -336,9 +336,11 @@ async def test_switching_mode_on_a_live_server_puts_the_gateway_in_front_and_the
             await wait_until(pilot, lambda: app.session.summary is not None)
             gateway = backend.gateway
             assert gateway is not None and gateway.stats.completed == 6 and len(fake.bodies) == 12
-            app.switch_mode("fcfs")  # the running gateway swaps its policy; nothing restarts
-            assert app.backend is backend and backend.gateway is gateway and gateway.stats.policy_swaps == 1
-            await app.shutdown()
+            app.switch_mode("fcfs")  # the running gateway swaps its policy (on its own loop); nothing restarts
+            await wait_until(pilot, lambda: gateway.stats.policy_swaps == 1)
+            assert app.backend is backend and backend.gateway is gateway
+            await pilot.press("q")  # quits: the gateway stops on its loop before the load thread does
+        assert backend.gateway is None
 
 
 # ---------------------------------------------------------------- quit

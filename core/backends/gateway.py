@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -97,11 +97,36 @@ class GatewayBackend:
             self.client = UrlBackend(self.gateway.base_url, model, slo_fields=True, **self.client_options)
         return self.gateway
 
-    def swap_mode(self, name: str) -> None:
-        """Run mode `name` from the next request on; the upstream server keeps running."""
-        self.mode = name
-        if self.gateway is not None:
-            self.gateway.swap_mode(name)
+    def swap_mode(self, name: str, done: Callable[[BaseException | None], None] | None = None) -> None:
+        """Run mode `name` from now on; the upstream server keeps running.
+
+        The swap runs on the gateway's own loop: at once when called there (or before the gateway started),
+        else scheduled onto it (the console's UI loop calling while live load runs on a thread of its own).
+        `done(None)` or `done(error)` follows (a ProfileError for a mode this profile cannot build); it runs
+        on the gateway's loop. Without `done`, an error raises where the swap runs."""
+
+        def swap() -> None:
+            try:
+                if self.gateway is not None:
+                    self.gateway.swap_mode(name)
+                self.mode = name
+            except Exception as exc:
+                if done is None:
+                    raise
+                done(exc)
+                return
+            if done is not None:
+                done(None)
+
+        loop = None if self.gateway is None else self.gateway.loop
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if loop is not None and loop is not current and loop.is_running():
+            loop.call_soon_threadsafe(swap)
+        else:
+            swap()
 
     async def restart(self, knobs: Any = None) -> None:
         """Restart the managed server with new knobs (the gateway follows it to its new port)."""
@@ -109,8 +134,8 @@ class GatewayBackend:
 
     async def close(self) -> None:
         if self.gateway is not None:
-            await self.gateway.stop()
-            self.gateway = None
+            gateway, self.gateway = self.gateway, None
+            await _on_loop(gateway.loop, gateway.stop())
         await self.inner.close()
 
     def describe(self) -> dict[str, Any]:
@@ -183,6 +208,17 @@ class _Reconciling:
     def on_engine_sample(self, sample: Any) -> None:
         if self.observer is not None:
             self.observer.on_engine_sample(sample)
+
+
+async def _on_loop(loop: asyncio.AbstractEventLoop | None, coroutine: Any) -> Any:
+    """Await `coroutine` on `loop` (the gateway's), from this loop or from another thread's."""
+    try:
+        current = asyncio.get_running_loop()
+    except RuntimeError:  # pragma: no cover - always called from a coroutine
+        current = None
+    if loop is None or loop is current or not loop.is_running():
+        return await coroutine
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
 
 
 def _watch_first(requests: Iterator[RequestSpec], first_send: asyncio.Event) -> Iterator[RequestSpec]:

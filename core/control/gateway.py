@@ -164,6 +164,7 @@ class Gateway:
         self._session: aiohttp.ClientSession | None = None
         self._fresh: aiohttp.ClientSession | None = None  # no pooling: for the one retry of a stale connection
         self._handlers: set[asyncio.Task[Any]] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop it serves on (set by start)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -176,6 +177,7 @@ class Gateway:
 
     async def start(self) -> str:
         """Bind and serve; returns the base URL. Raises GatewayError (one line) when the port is taken."""
+        self.loop = asyncio.get_running_loop()
         self._session = aiohttp.ClientSession(
             # Idle upstream connections are dropped before uvicorn's 5 s keep-alive timeout closes them.
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0),
