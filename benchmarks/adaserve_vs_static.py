@@ -8,7 +8,8 @@ time scale: 0.25 = four times as fast) it runs on the same arrivals:
 - fcfs: vLLM's default batching without speculation (the simulator's fast path);
 - static-spec-k: every decoding request verifies a k-token chain each step (the paper's vLLM-Spec(k)), on
   AdaServe's token-level model, for every k in `--widths`; the best k (most token goodput) is the baseline;
-- adaserve: SLO-customized token trees (the profile's `adaserve:` settings).
+- adaserve: SLO-customized token trees (the profile's `adaserve:` settings);
+- adaserve-no-slo: the same without Algorithm 2's SLO-customized phase (an ablation, as the paper's Fig. 16).
 It prints SLO violations (requests that missed their TPOT SLO, or failed), token goodput (output tokens/s
 of requests that met it) and per-category attainment, then the ratios the paper reports (violations of the
 best baseline / AdaServe, AdaServe's goodput / the best baseline's; paper 002: up to 4.3x and 1.9x). Then
@@ -111,9 +112,12 @@ def compare(title: str, profile: Profile, widths: list[int], seed: int) -> tuple
     rows += statics
     ada = run("adaserve", profile, calibration, partial(AdaServePolicy, spec, calibration, seed), seed)
     rows.append(ada)
+    # Ablation (paper Fig. 16): the same without the SLO-customized phase (throughput-optimized only).
+    ablated = spec.model_copy(update={"slo_selection": False})
+    rows.append(run("adaserve-no-slo", profile, calibration, partial(AdaServePolicy, ablated, calibration, seed), seed))
     best_static = max(statics, key=lambda r: (r.goodput_tps, -r.violations))
     print_rows(title, rows)
-    best = max(rows[:-1], key=lambda r: (r.goodput_tps, -r.violations))
+    best = max(rows[:-2], key=lambda r: (r.goodput_tps, -r.violations))
     print(
         f"best baseline {best.name}: violations {best.violations} -> {ada.violations} "
         f"({best.violations / max(ada.violations, 1):.1f}x fewer), goodput x{ada.goodput_tps / best.goodput_tps:.2f}; "

@@ -16,6 +16,7 @@ completed request's e2e/SLA across all loads).
 
     python benchmarks/saber_vs_static.py [--workloads saber-w1,saber-w2,saber-w3] [--rates 1,2,...]
         [--requests 100] [--seeds 3] [--set key=value ...]   (--set: a saber: setting, e.g. track_progress=true)
+        [--per-seq-s S --derive-slas]   (sensitivity: a steeper hypothetical engine, SLAs set as the paper does)
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.compare import run_mode, with_cap
+from core.control.speed_model import offline_phase
 from core.jobs import RunOptions, RunResult
-from core.profile import PoissonArrival, Profile, load_profile
+from core.profile import PoissonArrival, Profile, SLOSpec, load_calibration, load_profile
 
 WORKLOADS = ("saber-w1", "saber-w2", "saber-w3")
 RATES = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0)
@@ -76,12 +78,60 @@ def mean(results: list[RunResult], field: str) -> float:
     return statistics.fmean(getattr(r.summary, field) for r in results)
 
 
-async def sweep_workload(name: str, rates: list[float], requests: int, seeds: int, saber: dict[str, Any]) -> None:
+def with_per_seq_cost(profile: Profile, per_seq_s: float) -> Profile:
+    """The profile on a hypothetical engine: its calibration with `per_seq_s` seconds per sequence per step
+    added to the memory-bound term (host work per request that grows with the batch), so that per-request
+    speed falls faster with concurrency. A sensitivity check, not a measured machine."""
+    calibration = load_calibration(profile)
+    first = calibration.terms[0]
+    terms = [first.model_copy(update={"per_seq_s": first.per_seq_s + per_seq_s}), *calibration.terms[1:]]
+    steeper = calibration.model_copy(update={"name": f"{calibration.name}+seq{per_seq_s:g}", "terms": terms})
+    return profile.model_copy(update={"engine": profile.engine.model_copy(update={"calibration": steeper})})
+
+
+async def with_derived_slas(profile: Profile) -> Profile:
+    """Each task's SLA set as the paper sets it (sec. III-B): the mean completion time of that task when 100
+    requests of the balanced mix arrive at 10 RPS (Poisson), here with fcfs at max_num_seqs 100."""
+    tasks = [t.model_copy(update={"weight": 1.0}) for t in profile.workload.tasks]
+    workload = profile.workload.model_copy(
+        update={"tasks": tasks, "arrival": PoissonArrival(rate_rps=10.0), "requests": 100, "warmup_requests": 0}
+    )
+    probe = with_cap(profile.model_copy(update={"workload": workload, "mode": "fcfs"}), 100)
+    result, _ = await run_mode(probe, "fcfs", 0, RunOptions(seed=0))
+    mean_e2e = {
+        t: statistics.fmean(r.e2e_s for r in result.records if r.task == t and r.ok) for t in {t.name for t in tasks}
+    }
+    derived = [t.model_copy(update={"slo": SLOSpec(e2e_s=round(mean_e2e[t.name], 2))}) for t in profile.workload.tasks]
+    return profile.model_copy(update={"workload": profile.workload.model_copy(update={"tasks": derived})})
+
+
+async def sweep_workload(
+    name: str,
+    rates: list[float],
+    requests: int,
+    seeds: int,
+    saber: dict[str, Any],
+    per_seq_s: float = 0.0,
+    derive_slas: bool = False,
+) -> None:
     base = load_profile(name)
+    if per_seq_s:
+        base = with_per_seq_cost(base, per_seq_s)
+    if derive_slas:
+        base = await with_derived_slas(base)
+        print(
+            f"\n{name}: SLAs derived at 10 RPS: " + ", ".join(f"{t.name} {t.slo.e2e_s} s" for t in base.workload.tasks)
+        )
+    speeds = offline_phase(base, load_calibration(base), loads=base.saber.profile_loads, seed=0)
+    fits = ", ".join(f"{kind} R² {model.r2:.3f}" for kind, model in speeds.models.items())
+    usl = speeds.models["usl"]
+    print(f"\n{name}: offline phase: {len(speeds.samples)} load-speed points; {fits}")
+    print(f"  USL f(L) = {usl.params[0]:.1f} / (1 + {usl.params[1]:.4f} (L-1) + {usl.params[2]:.2e} L (L-1)) tok/s:")
+    print("  " + ", ".join(f"f({load}) = {usl(load):.1f}" for load in (1, 10, 25, 50, 100)))
     pooled_saber: list[np.ndarray] = []
     pooled_static: list[np.ndarray] = []
     gains = []
-    print(f"\n{name}: {requests} requests x {seeds} seeds per point; static caps {base.saber.static_caps}")
+    print(f"{name}: {requests} requests x {seeds} seeds per point; static caps {base.saber.static_caps}")
     print(
         f"{'RPS':>5} {'best cap':>8} {'static att':>10} {'SABER att':>9} {'diff':>6} "
         f"{'static r/s':>10} {'SABER r/s':>9} {'static CV':>9} {'SABER CV':>8}"
@@ -132,13 +182,19 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=REQUESTS)
     parser.add_argument("--seeds", type=int, default=SEEDS)
     parser.add_argument("--set", action="append", default=[], help="a saber: profile setting, key=value")
+    parser.add_argument(
+        "--per-seq-s", type=float, default=0.0, help="sensitivity: add this per-sequence step cost to the engine"
+    )
+    parser.add_argument(
+        "--derive-slas", action="store_true", help="set each task's SLA as the paper does (mean e2e at 10 RPS)"
+    )
     args = parser.parse_args()
     saber = dict(parse_setting(s) for s in args.set)
     rates = [float(r) for r in args.rates.split(",")]
     start = time.perf_counter()
     print(f"SABER vs best static max_num_seqs (simulator); heavy load = {HEAVY_RPS:g} RPS; saber settings {saber}")
     for name in args.workloads.split(","):
-        asyncio.run(sweep_workload(name, rates, args.requests, args.seeds, saber))
+        asyncio.run(sweep_workload(name, rates, args.requests, args.seeds, saber, args.per_seq_s, args.derive_slas))
     print(f"\n{time.perf_counter() - start:.0f} s wall")
     return 0
 

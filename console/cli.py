@@ -21,8 +21,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--job",
         default="run",
-        choices=["run", "tune", "calibrate", "compare"],
-        help="what to do (default: run the workload)",
+        choices=["run", "tune", "calibrate", "compare", "capacity"],
+        help="what to do (default: run the workload; capacity: each mode's highest rate at >= 90%% SLO attainment)",
     )
     parser.add_argument(
         "--backend",

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from core.backends.base import BackendUnavailable
-from core.events import Event, to_json_line
+from core.events import Event, make_event, to_json_line
 from core.profile import Profile, ProfileError, load_profile
 
 EXIT_OK = 0
@@ -150,9 +150,11 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
         return _run_tune_job(args, profile, sink)
     if args.job == "calibrate":
         return _run_calibrate_job(args, profile, sink)
+    if args.job == "capacity":
+        return _run_capacity_job(args, profile, sink)
     if args.job != "run":
         raise ProfileError(
-            f"--job {args.job}: not available in this version; use --job run, tune, calibrate or compare"
+            f"--job {args.job}: not available in this version; use --job run, tune, calibrate, compare or capacity"
         )
     backend = make_backend(args.backend, profile, seed=args.seed, url=args.url, mode=args.mode)  # type: ignore[arg-type]
     requests = RequestWriter(args.out / "requests.jsonl") if args.out is not None else None
@@ -220,12 +222,40 @@ def _run_compare_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> in
     )
     final = compare_summary_event(result)
     log.info("%s: compare, seed %d, %.1f s wall\n%s", profile.name, result.seed, result.wall_s, format_table(result))
+    for mode, reason in result.skipped.items():
+        log.warning("mode %s skipped: %s", mode, reason)
     if args.out is not None:
         (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
     sink(final)
     if result.interrupted:
         log.warning("interrupted: the table covers the modes finished before Ctrl-C")
         return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _run_capacity_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
+    """--job capacity: each mode's highest rate at >= 90% SLO attainment, by bisection on the simulator."""
+    from core.capacity import format_table, run_capacity
+
+    if args.backend != "sim":
+        raise ProfileError("--job capacity bisects on the simulator; drop --backend")
+    # --mode NAME: that mode beside the fcfs baseline; without it, every mode.
+    modes = None if args.mode is None else list(dict.fromkeys(["fcfs", args.mode]))
+    results = asyncio.run(
+        _run_cancellable(lambda: run_capacity(profile, modes=modes, seed=args.seed, requests=args.requests, sink=sink))
+    )
+    table = format_table(profile, results)
+    log.info("%s", table)
+    final = make_event(
+        "summary",
+        job="capacity",
+        profile=profile.name,
+        replicas=profile.replicas,
+        modes={r.mode: r.fields() for r in results},
+    )
+    if args.out is not None:
+        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
+    sink(final)
     return EXIT_OK
 
 
@@ -263,14 +293,21 @@ def _run_tune_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     if tuned is None or not tuned.ok:
         log.error("no configuration could be measured; see the error field of the tune_segment events")
         return EXIT_FAILED
+    baseline = result.baseline
+    slo_s = profile.slo.e2e_s
     log.info(
-        "%s: tuned %s: p99 %.3f s, goodput %.2f req/s (baseline p99 %s s, goodput %s req/s), %d segments",
+        "%s: tuned %s: p99 %.3f s (%s the %.3g s SLO), goodput %.2f req/s, x%.2f the baseline's; baseline = the "
+        "profile's knobs (%s): p99 %s s, goodput %s req/s; %d segments",
         profile.name,
         tuned.point.label(),
         tuned.p99_s,
+        "meets" if slo_s is not None and tuned.p99_s <= slo_s else "misses",
+        slo_s,
         tuned.goodput_rps,
-        "n/a" if result.baseline is None else f"{result.baseline.p99_s:.3f}",
-        "n/a" if result.baseline is None else f"{result.baseline.goodput_rps:.2f}",
+        result.goodput_gain(),
+        result.start.label(),
+        "n/a" if baseline is None else f"{baseline.p99_s:.3f}",
+        "n/a" if baseline is None else f"{baseline.goodput_rps:.2f}",
         result.segments_used,
     )
     return EXIT_OK

@@ -34,6 +34,7 @@ class ModeRow:
 
     mode: str
     max_num_seqs: int
+    speculation: str  # how the mode drafts tokens (core/control/policy.Policy.speculation)
     summary: Summary
     wall_s: float
     policy: dict[str, Any] = field(default_factory=dict)
@@ -43,6 +44,7 @@ class ModeRow:
         s = self.summary
         return {
             "max_num_seqs": self.max_num_seqs,
+            "speculation": self.speculation,
             "requests": s.requests,
             "completed": s.completed,
             "slo_attainment": s.slo_attainment,
@@ -69,6 +71,7 @@ class CompareResult:
     static_sweep: dict[int, float]  # max_num_seqs -> SLO attainment of fcfs at that cap
     wall_s: float
     interrupted: bool = False
+    skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it could not run on this profile
 
     def row(self, mode: str) -> ModeRow:
         return next(r for r in self.rows if r.mode == mode)
@@ -91,7 +94,9 @@ async def run_mode(profile: Profile, mode: str, seed: int, options: RunOptions) 
     if not isinstance(ran, dict) or ran.get("mode") != mode:
         # A simulator without the controller seam would serve every mode as fcfs: refuse to report that.
         raise BackendUnavailable(f"the simulator did not run mode {mode!r} (it reports {ran!r}); update slo-console")
-    return result, dict(ran)
+    engine = getattr(backend, "last_engine", None)
+    speculation = engine.policy.speculation(profile.knobs) if engine is not None else "?"
+    return result, {**ran, "speculation": speculation}
 
 
 def _best_key(summary: Summary) -> tuple[float, float, float]:
@@ -127,13 +132,28 @@ async def run_compare(
     start = time.perf_counter()
     sink(make_event("start", job="compare", profile=profile.name, seed=seed, modes=[*names, BEST_STATIC]))
     rows: list[ModeRow] = []
+    skipped: dict[str, str] = {}
     interrupted = False
     for name in names:
         if name == BEST_STATIC:
             continue
         t0 = time.perf_counter()
-        result, policy = await run_mode(profile.model_copy(update={"mode": name}), name, seed, options)
-        rows.append(ModeRow(name, profile.knobs.max_num_seqs, result.summary, time.perf_counter() - t0, policy))
+        try:
+            result, policy = await run_mode(profile.model_copy(update={"mode": name}), name, seed, options)
+        except ProfileError as exc:  # a mode this workload cannot run (e.g. SABER on a trace without tasks)
+            skipped[name] = str(exc)
+            sink(make_event("compare_row", mode=name, skipped=str(exc)))
+            continue
+        rows.append(
+            ModeRow(
+                name,
+                profile.knobs.max_num_seqs,
+                policy.pop("speculation"),
+                result.summary,
+                time.perf_counter() - t0,
+                policy,
+            )
+        )
         sink(make_event("compare_row", mode=name, **rows[-1].fields()))
         interrupted |= result.interrupted
         if interrupted:
@@ -141,22 +161,22 @@ async def run_compare(
     sweep: dict[int, float] = {}
     if not interrupted:
         t0 = time.perf_counter()
-        best: tuple[int, RunResult] | None = None
+        best: tuple[int, RunResult, str] | None = None
         for cap in profile.saber.static_caps:
             capped = with_cap(profile, cap).model_copy(update={"mode": "fcfs"})
-            result, _ = await run_mode(capped, "fcfs", seed, options)
+            result, ran = await run_mode(capped, "fcfs", seed, options)
             sweep[cap] = result.summary.slo_attainment
             if best is None or _best_key(result.summary) > _best_key(best[1].summary):
-                best = (cap, result)
+                best = (cap, result, ran["speculation"])
             if result.interrupted:
                 interrupted = True
                 break
         if best is not None:
-            cap, result = best
+            cap, result, speculation = best
             policy = {"mode": "fcfs", "static_sweep": {str(k): v for k, v in sweep.items()}}
-            rows.append(ModeRow(BEST_STATIC, cap, result.summary, time.perf_counter() - t0, policy))
+            rows.append(ModeRow(BEST_STATIC, cap, speculation, result.summary, time.perf_counter() - t0, policy))
             sink(make_event("compare_row", mode=BEST_STATIC, **rows[-1].fields()))
-    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted)
+    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped)
 
 
 def compare_summary_event(result: CompareResult) -> dict[str, Any]:
@@ -170,6 +190,7 @@ def compare_summary_event(result: CompareResult) -> dict[str, Any]:
         interrupted=result.interrupted,
         modes={row.mode: row.fields() for row in result.rows},
         static_sweep={str(cap): value for cap, value in result.static_sweep.items()},
+        skipped=result.skipped,
         compare_wall_s=result.wall_s,
     )
 
@@ -190,6 +211,7 @@ def format_table(result: CompareResult) -> str:
     header = [
         "mode",
         "max_seqs",
+        "speculation",
         "SLO att.",
         *[f"att. {t}" for t in tasks],
         "goodput r/s",
@@ -208,6 +230,7 @@ def format_table(result: CompareResult) -> str:
             [
                 row.mode,
                 str(row.max_num_seqs),
+                row.speculation,
                 _cell(f["slo_attainment"]),
                 *[_cell(per_task.get(t)) for t in tasks],
                 _cell(f["goodput_rps"], 2),

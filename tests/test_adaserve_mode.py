@@ -111,6 +111,17 @@ def test_a_misjudging_draft_costs_slo_attainment() -> None:
     assert bad[0] >= good[0] + 10 and bad[1] < good[1]
 
 
+def test_the_full_tree_shortcut_changes_nothing() -> None:
+    """Steps whose budget holds every candidate skip the selection; the outcome is the general path's."""
+    profile = mix(requests=200)
+    calibration = load_calibration(profile)
+    fast = simulate(profile, lambda: AdaServePolicy(profile.adaserve, calibration))
+    general = simulate(profile, lambda: AdaServePolicy(profile.adaserve, calibration, shortcut=False))
+    assert [(r.request_id, r.end_s, len(r.chunk_times)) for r in fast] == [
+        (r.request_id, r.end_s, len(r.chunk_times)) for r in general
+    ]
+
+
 def test_same_seed_same_run() -> None:
     profile = mix(requests=150)
     calibration = load_calibration(profile)
@@ -148,3 +159,16 @@ def test_profile_refuses_inverted_depth_bounds(tmp_path) -> None:  # type: ignor
     )
     with pytest.raises(ProfileError, match="depth_bounds: D_min 4 is above D_max 2"):
         load_profile(path)
+
+
+def test_the_slo_phase_ablation_chooses_no_slo_tokens() -> None:
+    """`slo_selection: false` leaves only the throughput-optimized phase (the paper's Fig. 16 ablation)."""
+    profile = mix(requests=200)
+    calibration = load_calibration(profile)
+    policies = {}
+    for flag in (True, False):
+        spec = profile.adaserve.model_copy(update={"slo_selection": flag})
+        policies[flag] = AdaServePolicy(spec, calibration)
+        simulate(profile, lambda p=policies[flag]: p)
+    assert policies[True].describe()["slo_share_of_drafts"] > 0.0
+    assert policies[False].describe()["slo_share_of_drafts"] == 0.0

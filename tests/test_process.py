@@ -292,3 +292,13 @@ def test_a_stale_server_from_an_earlier_run_is_reported_not_killed(
     finally:
         orphan.kill()
         orphan.wait()
+
+
+def test_a_server_started_from_a_worker_thread_outlives_the_thread(servers: list, log_dir: Path) -> None:
+    # asyncio.to_thread starts servers from executor threads that end with their loop; the server must not.
+    server = make(servers, "ok", log_dir)
+    starter = threading.Thread(target=server.start)
+    starter.start()
+    starter.join()
+    time.sleep(1.0)
+    assert server.is_running() and server.state is ServerState.READY

@@ -258,3 +258,48 @@ def test_offered_load_feasibility_demotes_what_only_a_near_idle_engine_could_ser
 
     assert tier_of_tight_request("fastest") == TIER_HIGH
     assert tier_of_tight_request("offered-load") == TIER_LOW
+
+
+# ---------------------------------------------------------------- on the simulator
+
+
+def test_offline_phase_profiles_about_a_thousand_points_and_usl_fits_best() -> None:
+    from core.control.speed_model import offline_phase
+    from core.profile import load_calibration, load_profile
+
+    profile = load_profile("saber-w3")
+    speeds = offline_phase(profile, load_calibration(profile))
+    assert 900 <= len(speeds.samples) <= 1100
+    loads = np.array([s.load for s in speeds.samples])
+    assert loads.min() < 1.5 and loads.max() > 80  # the sweep spans the concurrency range
+    usl = speeds.models["usl"]
+    assert usl.r2 > speeds.models["logistic"].r2 > speeds.models["linear"].r2 > 0.8
+    assert usl(1) > usl(10) > usl(100) > 0  # speed falls with concurrency
+
+
+def test_saber_in_the_simulator_accounts_for_every_request_and_keeps_its_promises() -> None:
+    import asyncio
+
+    from core.backends.factory import make_backend
+    from core.events import null_sink
+    from core.jobs import RunOptions, run_workload
+    from core.profile import PoissonArrival, load_profile
+    from core.records import Status
+
+    base = load_profile("saber-w3")
+    workload = base.workload.model_copy(
+        update={"arrival": PoissonArrival(rate_rps=10), "requests": 300, "warmup_requests": 0}
+    )
+    profile = base.model_copy(update={"workload": workload, "mode": "saber"})
+    result = asyncio.run(run_workload(profile, make_backend("sim", profile), null_sink, RunOptions()))
+    records = result.records
+    assert len(records) == 300 and all(r.status is Status.OK for r in records)
+    assert result.outcome.notes["mode"]["mode"] == "saber"
+    high = [r for r in records if r.tier == TIER_HIGH]
+    low = [r for r in records if r.tier == TIER_LOW]
+    assert len(high) + len(low) == 300 and high and low
+    # Admitted requests were predicted to meet their SLAs; nearly all do. Demoted ones were already lost.
+    met_high = sum(r.e2e_s <= r.slo.e2e_s for r in high) / len(high)
+    met_low = sum(r.e2e_s <= r.slo.e2e_s for r in low) / len(low)
+    assert met_high > 0.9
+    assert met_low < 0.2

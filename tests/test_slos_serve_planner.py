@@ -147,3 +147,108 @@ def test_speculation_is_used_where_it_raises_prefill_throughput():
         SIX_PER_UNIT, [1.0], max_batch_tokens=10**6, max_spec_len=4, acceptance=0.8, reference_counts=[3]
     )
     assert compute_bound.spec_len == (0,)
+
+
+def _feasible_alone(now, running, new, chosen, budget):
+    """Exhaustive check of one admitted set in the planner's fluid model, written independently of the DP:
+    walk every deadline (running prefills and all new requests, in order), earn the prefill budget of the
+    decode plan in force, pay the prompts of the running and chosen requests at their deadlines; from the
+    first chosen request on, the budget must never be negative, and at the last deadline the decodes still
+    going must fit the batches."""
+    if not chosen:
+        return True
+    tiers = budget.tiers
+    chosen_ids = {r.request_id for r in chosen}
+    decoders = [r for r in running if r.decoding and r.decode_tokens > 0]
+    visits = sorted([r for r in running if not r.decoding] + list(new), key=lambda r: r.prefill_deadline_s)
+    base_mask = 0
+    for r in decoders:
+        base_mask |= 1 << tiers.index(r.tpot_s)
+
+    def owed(t):  # running decodes' tokens due by t, per tier
+        out = [0.0] * len(tiers)
+        for r in decoders:
+            out[tiers.index(r.tpot_s)] += min(r.decode_tokens, max(0.0, (t - r.decode_start_s) / r.tpot_s))
+        return out
+
+    def mask_of(counts):
+        mask = base_mask
+        for i, n in enumerate(counts):
+            if n:
+                mask |= 1 << i
+        return mask
+
+    pb, t, counts, previous, started = 0.0, now, [0] * len(tiers), [0.0] * len(tiers), False
+    for r in visits:
+        plan = budget.plan(mask_of(counts))
+        dt = r.prefill_deadline_s - t
+        now_owed = owed(r.prefill_deadline_s)
+        pb += plan.supply_tps * dt
+        for i in range(len(tiers)):
+            pb -= plan.cost_per_token[i] * (now_owed[i] - previous[i] + counts[i] * dt / tiers[i])
+        t, previous = r.prefill_deadline_s, now_owed
+        if started and pb < -1e-6:
+            return False
+        is_new = r.request_id >= 100
+        if is_new and r.request_id not in chosen_ids:
+            continue
+        if is_new:
+            if r.prefill_deadline_s <= now:
+                return False
+            started = True
+        pb -= r.prefill_tokens
+        if started and pb < -1e-6:
+            return False
+        counts[tiers.index(r.tpot_s)] += 1
+    alive = [0] * len(tiers)
+    for r in decoders:
+        if r.decode_start_s + r.decode_tokens * r.tpot_s > t:
+            alive[tiers.index(r.tpot_s)] += 1
+    total = [c + a for c, a in zip(counts, alive, strict=True)]
+    return budget.prefill_rate(total, mask_of(counts)) >= -1e-6
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_dp_admits_as_many_as_exhaustive_search(seed):
+    """On random small instances (two TPOT tiers, running decodes and prefills, 7 new requests) the DP's
+    count equals the largest admissible subset found by trying all 128 subsets, and its choice is one."""
+    import itertools
+
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    planner = AdmissionPlanner(SIX_PER_UNIT, UNBOUNDED)
+    running = [
+        PlanRequest(
+            i,
+            0.0,
+            0,
+            int(rng.integers(1, 12)),
+            float(rng.choice([1.0, 2.0])),
+            100,
+            10,
+            decode_start_s=float(rng.uniform(-0.5, 0.5)),
+        )
+        for i in range(int(rng.integers(0, 4)))
+    ]
+    running += [
+        PlanRequest(50 + i, float(rng.uniform(1, 6)), int(rng.integers(1, 8)), 20, 1.0, 100)
+        for i in range(int(rng.integers(0, 2)))
+    ]
+    new = [
+        PlanRequest(
+            100 + i, float(rng.uniform(0.5, 8.0)), int(rng.integers(1, 14)), 20, float(rng.choice([1.0, 2.0])), 100
+        )
+        for i in range(7)
+    ]
+    admission = planner.admit(0.0, running, new)
+    budget = planner.budget_model(running, new)
+    best = max(
+        len(c)
+        for k in range(len(new) + 1)
+        for c in itertools.combinations(new, k)
+        if _feasible_alone(0.0, running, new, c, budget)
+    )
+    assert len(admission.admitted) == best
+    chosen = [r for r in new if r.request_id in admission.admitted]
+    assert _feasible_alone(0.0, running, new, chosen, budget)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import pytest
@@ -163,3 +164,15 @@ def _burst_any(policy, views, n, at, first_id=0):
             out.append(Release(req, verdict.replica))
     out += policy.release(at + policy.settings.schedule_window_s, views)
     return out
+
+
+def test_a_prompt_too_long_for_its_ttft_even_alone_is_served_best_effort_when_the_replica_is_idle():
+    policy = _policy()
+    views = [FakeReplica(0)]
+    big = _request(0, 0.0, prompt=8000)  # ~0.7 s of prefill on its own against a 0.338 s TTFT SLO
+    policy.on_arrival(big, 0.0, views)
+    assert policy.release(0.01, views) == []
+    assert big.tier == TIER_BEST_EFFORT
+    (release,) = policy.release(policy.next_wakeup(0.01), views)
+    assert release.request is big and release.replica == 0
+    assert math.isinf(policy.next_wakeup(1.0))  # nothing left to retry: the simulator can end

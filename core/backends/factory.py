@@ -31,7 +31,7 @@ def make_backend(
         raise ProfileError(f"{flag} {mode_name}: not available; choose one of: {', '.join(MODES)}")
     if kind == "sim":
         return _make_sim(profile, seed=seed, speed=speed, mode_name=mode_name)
-    inner = _make_live(kind, profile, url=url)
+    inner = _make_live(kind, profile, url=url, mode_name=mode_name)
     if mode is not None or mode_name != "fcfs":
         from core.backends.gateway import GatewayBackend
 
@@ -56,7 +56,7 @@ def _make_sim(profile: Profile, *, seed: int | None, speed: float | None, mode_n
     )
 
 
-def _make_live(kind: BackendKind, profile: Profile, *, url: str | None) -> Backend:
+def _make_live(kind: BackendKind, profile: Profile, *, url: str | None, mode_name: str = "fcfs") -> Backend:
     if kind == "url":
         if not url:
             raise BackendUnavailable("--backend url needs --url http://HOST:PORT of a running server")
@@ -70,5 +70,9 @@ def _make_live(kind: BackendKind, profile: Profile, *, url: str | None) -> Backe
             from core.backends.vllm import VllmBackend
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise BackendUnavailable(f"the vLLM backend cannot load ({exc}); reinstall slo-console") from exc
+        if mode_name == "adaserve":
+            from core.control.adaserve.live import live_speculation_extra
+
+            return VllmBackend.from_profile(profile, speculation_extra=live_speculation_extra(profile))
         return VllmBackend.from_profile(profile)
     raise BackendUnavailable(f"unknown backend {kind!r}; use sim, vllm or url")

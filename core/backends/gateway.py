@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -41,6 +41,7 @@ class GatewayBackend:
         *,
         policy: Policy | None = None,
         on_event: EventSink | None = None,
+        extra_upstreams: Sequence[str] = (),
         **client_options: Any,
     ) -> None:
         """`policy` overrides the registry's `mode` (tests, ad-hoc policies); `client_options` go to the
@@ -49,6 +50,8 @@ class GatewayBackend:
         self.profile = profile
         self.mode = mode
         self.initial_policy = policy
+        # More replicas behind the same gateway: running servers given by URL (the mode routes among all).
+        self.extra_upstreams = list(extra_upstreams)
         self.on_event = on_event
         self.client_options = client_options
         self.gateway: Gateway | None = None
@@ -88,10 +91,11 @@ class GatewayBackend:
             await self.gateway.stop()  # the managed server restarted on another port
             self.gateway = None
         if self.gateway is None:
-            factory = policy_factory_for(self.profile, replicas=1)
+            upstreams = [upstream, *self.extra_upstreams]
+            factory = policy_factory_for(self.profile, replicas=len(upstreams))
             policy = self.initial_policy or factory(self.mode)
             self.gateway = Gateway(
-                [upstream], policy, profile=self.profile, policy_factory=factory, on_event=self.on_event
+                upstreams, policy, profile=self.profile, policy_factory=factory, on_event=self.on_event
             )
             await self.gateway.start()
             self.client = UrlBackend(self.gateway.base_url, model, slo_fields=True, **self.client_options)

@@ -37,10 +37,14 @@ class VllmBackend:
         python: str | None = None,
         on_state: StateCallback | None = None,
         log_dir: Path | None = None,
+        speculation_extra: dict[str, object] | None = None,
         **client_options: Any,
     ) -> None:
-        """`client_options` go to `UrlBackend` (api, request_timeout_s, metrics_interval_s, ignore_eos...)."""
-        self.server = VllmServer(server, knobs, python=python, on_state=on_state, log_dir=log_dir)
+        """`client_options` go to `UrlBackend` (api, request_timeout_s, metrics_interval_s, ignore_eos...);
+        `speculation_extra`: more --speculative-config keys (a mode's, e.g. AdaServe's schedule)."""
+        self.server = VllmServer(
+            server, knobs, python=python, on_state=on_state, log_dir=log_dir, speculation_extra=speculation_extra
+        )
         self.client_options = client_options
         self.client: UrlBackend | None = None
         self.runs = 0

@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import math
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -80,6 +81,9 @@ class SweepSettings:
     spec_concurrency: tuple[int, ...] = (1, 4, 8)
     spec_requests_per_client: int = 3
     point_max_s: float = 30.0  # no new sends after this long in one point (a slow server still ends)
+    # Each decode point is measured this many times and the repeat with the median client e2e is kept: a
+    # few seconds in which another process takes the shared CPU spoil one repeat, not the point.
+    decode_repeats: int = 3
 
     @classmethod
     def full(cls) -> SweepSettings:
@@ -200,6 +204,7 @@ class PointResult:
     # Decode only: the effective step that reproduces the client's median e2e at this concurrency.
     e2e_observation: StepObservation | None = None
     timing: str = "client chunk gaps"  # or "engine /metrics"
+    repeat_e2e_p50_s: list[float] = field(default_factory=list)  # every repeat's median e2e (decode points)
     engine_step_s: float | None = None  # engine-timed mean step (decode) or prefill time (prefill)
     engine_batch: float | None = None  # mean decoding requests per step, from the engine's counters
     client_ttfts: list[float] = field(default_factory=list)
@@ -226,6 +231,7 @@ class PointResult:
             "engine_batch": self.engine_batch,
             "mean_acceptance_length": self.mean_acceptance_length,
             "observations": len(self.observations),
+            "repeat_e2e_p50_s": self.repeat_e2e_p50_s,
         }
 
 
@@ -775,8 +781,6 @@ async def run_sweep(
 ) -> SweepResult:
     """Measure every point of the sweep on `target`. Starts (or restarts) the server at most twice: once
     without speculation, once with it. Cancellation returns what was measured (`interrupted`)."""
-    import time
-
     emit = sink or (lambda _event: None)
     points = plan_points(settings, with_spec and target.can_change_knobs)
     notes: list[str] = []
@@ -815,33 +819,58 @@ async def run_sweep(
                 if facts.block_size is None:
                     facts = await target.facts()
             block = facts.block_size or 16
-            plan = LoadPlan(
-                requests=ids.specs(point),
-                mode="closed",
-                concurrency=point.concurrency,
-                # One request per client first, discarded: connection set-up and cold paths after a start.
-                warmup_requests=point.concurrency,
-                max_requests=point.requests + point.concurrency,
-                duration_s=settings.point_max_s,
-            )
-            before = await target.metrics_text()
-            started = time.perf_counter()
-            outcome = await target.run(plan)
-            wall_s = time.perf_counter() - started
-            after = await target.metrics_text() if before is not None else None
-            counters = None
-            if before is not None and after is not None:
-                counters = EngineCounters.parse(after).since(EngineCounters.parse(before))
-            result = summarize_point(point, outcome, wall_s, block, counters)
+            repeats = max(1, settings.decode_repeats) if point.kind == "decode" else 1
+            measured: list[PointResult] = []
+            for _ in range(repeats):
+                result, interrupted = await _measure_point(target, point, ids, settings, block)
+                measured.append(result)
+                if interrupted:
+                    break
+            result = _median_repeat(measured)
             results.append(result)
             emit(make_event("calibrate_point", **result.to_dict()))
-            if outcome.interrupted:
-                interrupted = True
+            if interrupted:
                 break
     except asyncio.CancelledError:
         interrupted = True
     description = target.describe()
     return SweepResult(settings, facts, results, description, notes, interrupted)
+
+
+async def _measure_point(
+    target: SweepTarget, point: SweepPoint, ids: _RequestIds, settings: SweepSettings, block: int
+) -> tuple[PointResult, bool]:
+    """One measurement of a point: (its result, whether the run was interrupted)."""
+    plan = LoadPlan(
+        requests=ids.specs(point),
+        mode="closed",
+        concurrency=point.concurrency,
+        # One request per client first, discarded: connection set-up and cold paths after a start.
+        warmup_requests=point.concurrency,
+        max_requests=point.requests + point.concurrency,
+        duration_s=settings.point_max_s,
+    )
+    before = await target.metrics_text()
+    started = time.perf_counter()
+    outcome = await target.run(plan)
+    wall_s = time.perf_counter() - started
+    after = await target.metrics_text() if before is not None else None
+    counters = None
+    if before is not None and after is not None:
+        counters = EngineCounters.parse(after).since(EngineCounters.parse(before))
+    return summarize_point(point, outcome, wall_s, block, counters), outcome.interrupted
+
+
+def _median_repeat(results: list[PointResult]) -> PointResult:
+    """The repeat whose median client e2e is the median of the repeats' (the lower middle one of an even
+    count); it keeps its own records, counters and observations, so everything about it stays consistent."""
+    timed = [r for r in results if r.e2e_p50_s is not None]
+    if not timed:
+        return results[-1]
+    timed.sort(key=lambda r: r.e2e_p50_s or 0.0)
+    chosen = timed[(len(timed) - 1) // 2]
+    chosen.repeat_e2e_p50_s = [r.e2e_p50_s for r in results if r.e2e_p50_s is not None]
+    return chosen
 
 
 def measured_decode_steps(result: SweepResult, timing: Timing = "e2e") -> list[tuple[StepObservation, float]]:

@@ -422,6 +422,9 @@ class Gateway:
         client_id: str | None,
     ) -> web.StreamResponse:
         assert self._session is not None and request.replica is not None
+        priority = self.policy.upstream_priority(request)
+        if priority is not None:
+            body = {**body, "priority": priority}
         url = self.upstreams[request.replica].url + http_request.path_qs
         headers = {k: v for k, v in http_request.headers.items() if k.lower() not in _DROP_HEADERS}
         headers["Content-Type"] = "application/json"

@@ -44,6 +44,7 @@ def _saber(ctx: ModeContext) -> Policy:
         track_progress=spec.track_progress,
         feasibility=spec.feasibility,
         max_load=max(spec.profile_loads),
+        fit_r2={kind: model.r2 for kind, model in speeds.models.items()},
         seed=ctx.seed,
     )
 
@@ -55,7 +56,12 @@ MODES: dict[str, PolicyFactory] = {
     "slos-serve": lambda ctx: SlosServePolicy(
         ctx.calibration, ctx.profile.knobs, ctx.profile.slos_serve, replicas=ctx.replicas
     ),
-    "adaserve": lambda ctx: AdaServePolicy(ctx.profile.adaserve, ctx.calibration, seed=ctx.seed),
+    "adaserve": lambda ctx: AdaServePolicy(
+        ctx.profile.adaserve,
+        ctx.calibration,
+        seed=ctx.seed,
+        send_priority=ctx.profile.knobs.scheduling_policy == "priority",
+    ),
 }
 
 

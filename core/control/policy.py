@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from core.profile import KnobsSpec
 from core.records import RequestSpec
 
 TIER_HIGH = "high"
@@ -147,9 +148,21 @@ class Policy:
     def drain(self) -> list[ControlledRequest]:
         return []
 
+    def speculation(self, knobs: KnobsSpec) -> str:
+        """How this mode speculates, for tables that put modes side by side: a mode that drafts tokens where
+        the knobs turn speculation off (AdaServe's trees) must not pass for the same engine as fcfs."""
+        width = knobs.effective_spec_width
+        return "off" if width == 0 else f"chain of {width}"
+
     def step_planner(self, replica_index: int) -> Any | None:
         """The replica-level batch planner this mode needs (core/sim/stepwise.StepPlanner), or None for the
         engine's own FCFS batching (the fast path)."""
+        return None
+
+    def upstream_priority(self, req: ControlledRequest) -> int | None:
+        """The `priority` the live gateway sends with this request to vLLM (which, started with
+        `--scheduling-policy priority`, schedules lower values first and preempts higher ones); None sends
+        none. The simulator does not use it."""
         return None
 
     def describe(self) -> dict[str, Any]:

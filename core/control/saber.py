@@ -16,7 +16,9 @@ can only make a held request less admissible. So one call that admits until noth
 loop with delta -> 0, and the only timer needed is the next demotion.
 
 Beyond the paper (single replica): with several replicas, a request goes to the least-loaded replica on
-which both conditions hold.
+which both conditions hold. Two more departures are options, off by default (their measured effect is in
+the README): `track_progress` (protect what a running request still needs, not the speed recorded at its
+admission) and `feasibility="offered-load"` (demote above the speed the current load allows, not above f(1)).
 """
 
 from __future__ import annotations
@@ -67,11 +69,13 @@ class SaberPolicy(Policy):
         feasibility: str = "fastest",
         max_load: int = 100,
         demand_window_s: float = 10.0,
+        fit_r2: dict[str, float] | None = None,
         seed: int = 0,
     ) -> None:
         if window_size < 1:
             raise ValueError(f"window_size must be at least 1 (got {window_size})")
         self.model = speed_model
+        self.fit_r2 = dict(fit_r2 or {speed_model.kind: speed_model.r2})  # R² of every model fitted (sec. VII)
         if feasibility not in ("fastest", "offered-load"):
             raise ValueError(f"feasibility must be 'fastest' or 'offered-load' (got {feasibility!r})")
         self.fastest_tps = speed_model.fastest_tps
@@ -287,6 +291,7 @@ class SaberPolicy(Policy):
         return {
             "mode": self.name,
             "speed_model": self.model.describe(),
+            "fit_r2": {kind: round(r2, 4) for kind, r2 in self.fit_r2.items()},
             "fastest_tps": round(self.fastest_tps, 3),
             "window_size": self.window_size,
             "best_effort_max_load": self.best_effort_max_load,

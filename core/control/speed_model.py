@@ -25,7 +25,7 @@ from typing import Literal
 import numpy as np
 from scipy.optimize import curve_fit
 
-from core.profile import Calibration, ClosedLoopArrival, KnobsSpec, Profile
+from core.profile import Calibration, ClosedLoopArrival, KnobsSpec, Profile, ProfileError
 from core.records import RequestRecord
 
 ModelKind = Literal["usl", "linear", "logistic"]
@@ -173,7 +173,10 @@ def profile_speeds(
     from core.workload import build_load_plan
 
     if not profile.workload.tasks:
-        raise ValueError("profiling token speed needs a synthetic task mix (workload.tasks)")
+        raise ProfileError(
+            f"{profile.name}: SABER profiles token speed on the workload's task mix, and this workload has none"
+            " (a trace); give workload.tasks to use --mode saber"
+        )
     mixes = _mixes(profile)
     per_run = max(8, math.ceil(points / (len(loads) * len(mixes))))
     knobs = KnobsSpec(

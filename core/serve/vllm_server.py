@@ -144,9 +144,12 @@ class VllmServer:
         python: str | None = None,
         on_state: StateCallback | None = None,
         log_dir: Path | None = None,
+        speculation_extra: dict[str, object] | None = None,
     ) -> None:
         self.spec = spec or ServerSpec()
         self.knobs = knobs or KnobsSpec()
+        # More --speculative-config keys when speculation is on (e.g. AdaServe's batch-size schedule).
+        self.speculation_extra = dict(speculation_extra or {})
         self.python = python or self.spec.python or default_vllm_python()
         self._on_state = on_state
         self._log_dir = log_dir
@@ -214,7 +217,7 @@ class VllmServer:
         flags = knob_flags(
             knobs,
             caps,
-            Speculation(draft_model=self._draft_path, method=self.spec.spec_method),
+            Speculation(draft_model=self._draft_path, method=self.spec.spec_method, extra=self.speculation_extra),
             max_model_len=int(max_len) if max_len and max_len.isdigit() else None,
         )
         argv = base + merge_args(flags, tail)

@@ -19,14 +19,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.control.adaserve.scheduler import AcceptanceRun, DecodeBatch, StaticScheduler, TreeScheduler, draw_run
-from core.control.policy import Policy
-from core.profile import AdaServeSpec, Calibration
+from core.control.policy import ControlledRequest, Policy
+from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.sim.perf_model import StepTimeModel
 
 if TYPE_CHECKING:
     from core.sim.stepwise import BatchPlan, StepRequest, StepwiseReplica
 
 Scheduler = TreeScheduler | StaticScheduler
+NO_TPOT_PRIORITY = 1_000_000  # vLLM priority of a request without a TPOT SLO: after every one that has one
 
 
 @dataclass(slots=True)
@@ -43,9 +44,11 @@ class TreePlanner:
 
     wants_acceptance = True
 
-    def __init__(self, scheduler: Scheduler, spec: AdaServeSpec) -> None:
+    def __init__(self, scheduler: Scheduler, spec: AdaServeSpec, *, shortcut: bool = True) -> None:
         self.scheduler = scheduler
         self.spec = spec
+        # Serve steps whose budget holds every candidate without the selection (same outcome, faster).
+        self.shortcut = shortcut
         self._tracked: dict[StepRequest, _Tracked] = {}
         self._emitted: dict[StepRequest, int] = {}
 
@@ -55,21 +58,55 @@ class TreePlanner:
         decoding = replica.decoding
         batch = BatchPlan()
         verified = 0
-        if decoding:
+        full = self.scheduler.full_tree(len(decoding), replica.kv_used) if decoding and self.shortcut else None
+        if full is not None:
+            verified = self._plan_full_trees(decoding, full, batch)
+        elif decoding:
             decision = self.scheduler.step(self._decode_batch(replica, now))
             counts = decision.verified.tolist()
+            emitted = decision.emitted.tolist()
             batch.decode = list(zip(decoding, counts, strict=True))
-            batch.spec_steps = decision.spec_steps
-            self._emitted = dict(zip(decoding, decision.emitted.tolist(), strict=True))
             verified = sum(counts)
+            # A step that drafts nothing runs no draft passes.
+            batch.spec_steps = decision.spec_steps if verified > len(decoding) else 0
+            self._emitted = dict(zip(decoding, emitted, strict=True))
+            self.scheduler.record(len(decoding), verified, sum(emitted))
         self._plan_prefill(replica, batch, replica.token_budget - verified)
         return batch
 
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
-        emitted = min(self._emitted.get(request, 1), verified)
+        emitted = self._emitted.get(request, 1)  # never above `verified`: it is 1 + accepted draft tokens
         if emitted >= request.out_left:  # it finishes this step
             self._tracked.pop(request, None)
         return emitted
+
+    def _plan_full_trees(self, decoding: list[StepRequest], shape: tuple[int, int], batch: BatchPlan) -> int:
+        """Every request verifies its whole (d, w) candidate tree; returns the positions verified."""
+        depth, width = shape
+        size = depth * width
+        emitted: dict[StepRequest, int] = {}
+        total = 0
+        for item in decoding:
+            run = self._next_run(item)
+            tokens = 1 + run.full_tree_accepted(depth, width)[run.next - 1]
+            emitted[item] = tokens
+            total += tokens
+        self._emitted = emitted
+        batch.decode = [(item, size + 1) for item in decoding]
+        batch.spec_steps = depth
+        self.scheduler.record(len(decoding), len(decoding) * (size + 1), total)
+        return len(decoding) * (size + 1)
+
+    def _next_run(self, item: StepRequest) -> AcceptanceRun:
+        """The request's randomness, advanced to this step (entry `next - 1` is this step's)."""
+        track = self._tracked.get(item)
+        if track is None:
+            track = self._tracked[item] = self._track(item)
+        run = track.run
+        if run.next >= run.length:
+            run = track.run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
+        run.next += 1
+        return run
 
     def _decode_batch(self, replica: StepwiseReplica, now: float) -> DecodeBatch:
         decoding = replica.decoding
@@ -82,16 +119,9 @@ class TreePlanner:
         rows = []
         tracked = self._tracked
         for item in decoding:
-            track = tracked.get(item)
-            if track is None:
-                track = tracked[item] = self._track(item)
-            run = track.run
-            k = run.next
-            if k >= len(run.steps):
-                run = track.run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
-                k = 0
-            run.next = k + 1
-            truth, estimate, uniform = run.steps[k]
+            run = self._next_run(item)
+            track = tracked[item]
+            truth, estimate, uniform = run.row(run.next - 1)
             # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it.
             rows.append(
                 ((now - track.first_token_s + step_s) / track.tpot_s - item.generated, truth, estimate, uniform)
@@ -142,18 +172,42 @@ class AdaServePolicy(Policy):
 
     name = "adaserve"
 
-    def __init__(self, spec: AdaServeSpec, calibration: Calibration, seed: int = 0) -> None:
+    def __init__(
+        self,
+        spec: AdaServeSpec,
+        calibration: Calibration,
+        seed: int = 0,
+        *,
+        shortcut: bool = True,
+        send_priority: bool = False,
+    ) -> None:
         self.spec = spec
         self.calibration = calibration
         self.seed = seed
+        # Live: send urgency as vLLM's priority, only when the server schedules by priority (the profile's
+        # knobs.scheduling_policy): under FCFS the field does nothing, and older vLLM releases refuse it.
+        self.send_priority = send_priority
+        self.shortcut = shortcut  # TreePlanner.shortcut (tests turn it off to check it changes nothing)
         self.planners: list[TreePlanner] = []
 
     def step_planner(self, replica_index: int) -> TreePlanner:
         rng = np.random.default_rng([self.seed, replica_index, 2])
         scheduler = TreeScheduler(self.spec, StepTimeModel.from_calibration(self.calibration), rng)
-        planner = TreePlanner(scheduler, self.spec)
+        planner = TreePlanner(scheduler, self.spec, shortcut=self.shortcut)
         self.planners.append(planner)
         return planner
+
+    def upstream_priority(self, req: ControlledRequest) -> int | None:
+        """Live approximation (a vLLM verifies one speculation setting for the whole batch, so per-request
+        trees cannot run there): urgency by TPOT SLO. vLLM's priority scheduling serves lower values first,
+        so the value is the TPOT SLO in milliseconds; requests without one go last."""
+        if not self.send_priority:
+            return None
+        tpot = req.spec.slo.tpot_s
+        return NO_TPOT_PRIORITY if tpot is None else max(0, round(tpot * 1000))
+
+    def speculation(self, knobs: KnobsSpec) -> str:
+        return "token trees (draft)"
 
     def describe(self) -> dict[str, Any]:
         info: dict[str, Any] = {"mode": self.name, **self.spec.model_dump()}

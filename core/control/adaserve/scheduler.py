@@ -11,7 +11,7 @@ Both are free of the engine: the stepwise replica's planner (planner.py) feeds t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -67,8 +67,31 @@ class StepDecision:
 class AcceptanceRun:
     """A request's per-step randomness, drawn ahead in one go (a step takes entry `next`)."""
 
-    steps: list[tuple[float, float, float]]  # (true a, the draft's estimate, uniform) per step
+    truth: np.ndarray  # true local acceptance a per step
+    estimate: np.ndarray  # the draft's estimate of it
+    uniforms: np.ndarray  # draws the accepted depth
+    length: int  # steps drawn
     next: int = 0
+    # Accepted draft tokens at every step if the whole (d, w) candidate tree is verified, by (d, w).
+    _full: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    _rows: list[tuple[float, float, float]] | None = None
+
+    def row(self, index: int) -> tuple[float, float, float]:
+        """(a, the draft's estimate, uniform) of step `index`, as Python floats (built on first use)."""
+        if self._rows is None:
+            self._rows = list(zip(self.truth.tolist(), self.estimate.tolist(), self.uniforms.tolist(), strict=True))
+        return self._rows[index]
+
+    def full_tree_accepted(self, depth: int, width: int) -> list[int]:
+        """The draws of `accepted_draft_tokens` for the full candidate tree, for all steps at once: they use
+        the same per-step truth and uniform as the general path, so the outcome is the same."""
+        known = self._full.get((depth, width))
+        if known is None:
+            shape = candidate_shape(depth, width)
+            selection = full_selection(self.length, shape.size)
+            probs = path_probabilities(shape, self.truth)
+            known = self._full[(depth, width)] = accepted_draft_tokens(shape, selection, probs, self.uniforms).tolist()
+        return known
 
 
 def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSpec) -> AcceptanceRun:
@@ -77,7 +100,7 @@ def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSp
     m = min(max(mean, 1e-6), 1.0 - 1e-6)
     truth = rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps)
     estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng)
-    return AcceptanceRun(list(zip(truth.tolist(), estimate.tolist(), rng.random(steps).tolist(), strict=True)))
+    return AcceptanceRun(truth, estimate, rng.random(steps), steps)
 
 
 class TreeScheduler:
@@ -88,6 +111,9 @@ class TreeScheduler:
         self.model = model
         self.rng = rng
         self._shapes: dict[tuple[int, int], tuple[int, int]] = {}
+        self._budget_active = -1
+        self._budget_context = 0.0
+        self._budget = 0
         self.steps = 0
         self.verified_tokens = 0  # roots included, over the run
         self.slo_tokens = 0  # draft tokens chosen in the SLO-customized phase
@@ -98,7 +124,11 @@ class TreeScheduler:
         """B for this step: the profile's, or the roofline knee at the KV context the batch holds."""
         if self.spec.budget is not None:
             return max(self.spec.budget, active)
-        return roofline_budget(self.model, context_tokens, active)
+        if active != self._budget_active or context_tokens != self._budget_context:
+            # Asked twice a step (full_tree, then planned) with the same batch: computed once.
+            self._budget_active, self._budget_context = active, context_tokens
+            self._budget = roofline_budget(self.model, context_tokens, active)
+        return self._budget
 
     def shape(self, active: int, budget: int) -> tuple[int, int]:
         """(d, w) for `active` decoding requests (eqs. 8-9, B1 = this step's budget), memoised."""
@@ -122,6 +152,13 @@ class TreeScheduler:
         budget = self.budget(active, context_tokens)
         return budget, self.shape(active, budget)[0]
 
+    def full_tree(self, active: int, context_tokens: float) -> tuple[int, int] | None:
+        """(d, w) when this step's budget holds every candidate of every request (then the selection is all
+        of them, whatever the SLOs and estimates), else None."""
+        budget = self.budget(active, context_tokens)
+        depth, width = self.shape(active, budget)
+        return (depth, width) if budget - active >= active * depth * width else None
+
     def step(self, batch: DecodeBatch) -> StepDecision:
         n = len(batch)
         depth, width = self.shape(n, batch.budget)
@@ -132,16 +169,18 @@ class TreeScheduler:
             accepted = accepted_draft_tokens(shape, selection, path_probabilities(shape, batch.truth), batch.uniforms)
         else:
             both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
-            selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
+            need = batch.need if self.spec.slo_selection else np.minimum(batch.need, 0.0)  # ablation: none behind
+            selection = select(both[:n], need, batch.budget, depth, self.spec.n_max)
             accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
-        drafted = int(selection.counts.sum())
+        self.slo_tokens += selection.slo_total  # the rest of the account: record(), from the planner's lists
+        return StepDecision(verified=selection.counts + 1, emitted=accepted + 1, spec_steps=depth)
+
+    def record(self, active: int, verified: int, emitted: int) -> None:
+        """Account one step: `verified` positions (roots included) and `emitted` tokens over `active` requests."""
         self.steps += 1
-        self.verified_tokens += drafted + n
-        self.slo_tokens += int(selection.slo_counts.sum())
-        self.draft_tokens += drafted
-        emitted = accepted + 1
-        self.emitted_tokens += int(emitted.sum())
-        return StepDecision(verified=selection.counts + 1, emitted=emitted, spec_steps=depth if drafted else 0)
+        self.verified_tokens += verified
+        self.draft_tokens += verified - active
+        self.emitted_tokens += emitted
 
     def describe(self) -> dict[str, float | int]:
         steps = max(self.steps, 1)
@@ -168,6 +207,13 @@ class StaticScheduler:
 
     def planned(self, active: int, context_tokens: float) -> tuple[int, int]:
         return active * (self.width + 1), self.width
+
+    def full_tree(self, active: int, context_tokens: float) -> tuple[int, int] | None:
+        """A k-chain is the whole candidate tree of a depth-k, width-1 beam search."""
+        return (self.width, 1) if self.width > 0 else None
+
+    def record(self, active: int, verified: int, emitted: int) -> None:
+        return None
 
     def step(self, batch: DecodeBatch) -> StepDecision:
         n = len(batch)

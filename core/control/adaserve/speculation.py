@@ -116,6 +116,7 @@ class Selection:
     counts: np.ndarray  # (n,) int: draft tokens per request
     slo_counts: np.ndarray  # (n,) int: of which chosen in the SLO-customized phase
     selected: np.ndarray  # (n, N) bool
+    slo_total: int = 0  # slo_counts.sum()
 
     @property
     def verified_tokens(self) -> int:
@@ -142,6 +143,7 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
     if remaining >= n * size:  # every candidate fits: whatever the phases pick, they pick everything
         return full_selection(n, size)
     selected = np.zeros((n, size), dtype=bool)
+    slo_total = 0
     behind = np.flatnonzero(need > 0.0)
     if len(behind) and remaining > 0:
         # SLO-customized phase: the largest need first, each request whole until the budget runs out.
@@ -153,17 +155,18 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
         granted = np.minimum(np.maximum(remaining - (np.cumsum(wanted) - wanted), 0), wanted)
         slo_counts[rows] = granted
         selected[rows[:, None], order] = np.arange(size) < granted[:, None]
-        remaining -= int(granted.sum())
+        slo_total = int(granted.sum())
+        remaining -= slo_total
     # Throughput-optimized phase: the globally most probable of what is left.
     if remaining > 0:
-        available = n * size - int(slo_counts.sum())
+        available = n * size - slo_total
         if remaining >= available:
             selected[:] = True
         else:
             left = np.where(selected, -1.0, approx).ravel()
             top = np.argpartition(left, len(left) - remaining)[len(left) - remaining :]
             selected.ravel()[top] = True
-    return Selection(counts=selected.sum(axis=1), slo_counts=slo_counts, selected=selected)
+    return Selection(counts=selected.sum(axis=1), slo_counts=slo_counts, selected=selected, slo_total=slo_total)
 
 
 def accepted_draft_tokens(

@@ -67,6 +67,8 @@ class PlannerSettings:
     kv_capacity_tokens: int
     max_spec_len: int = 0
     acceptance: float = 0.0
+    # None: batches as large as the tightest TPOT allows (Algorithm 2); a share: the roofline's knee (budget.py).
+    knee_efficiency: float | None = None
 
 
 @dataclass(slots=True)
@@ -105,6 +107,7 @@ class AdmissionPlanner:
             max_spec_len=s.max_spec_len,
             acceptance=s.acceptance,
             reference_counts=reference,
+            knee_efficiency=s.knee_efficiency,
         )
 
     def admit(self, now: float, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> Admission:

@@ -4,13 +4,16 @@ speculation per request (sec. 3.2.3).
 One batch: the decode plan of the tiers now decoding (budget.py) fixes its duration (the tightest TPOT, or
 TPOT x Acc(sl) with speculation) and so its token budget; decode tokens go first, earliest-deadline-first,
 to the requests whose next token falls due before the batch ends (each verifies 1 + its tier's speculation
-length); the rest of the budget goes to prefill, earliest prefill deadline first. Two additions to the
-paper's pseudocode, both work-conserving: budget still left after every prefill goes to decodes that are
-not yet due, and the best-effort tier (sec. 4.1) gets only what the SLO requests leave.
+length); the rest of the budget goes to prefill, earliest prefill deadline first. Additions to the paper's
+pseudocode, all work-conserving (`work_conserving=True`): prefill gets first only what its deadlines need
+soon (`urgency` x the least rate that meets them all), then decodes not yet due get a token too (a request
+that finishes sooner frees its KV cache sooner), then prefill takes the rest; the best-effort tier
+(sec. 4.1) gets only what the SLO requests leave.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -57,6 +60,7 @@ def form_batch(
     budget: BudgetModel,
     *,
     work_conserving: bool = True,
+    urgency: float = 2.0,
 ) -> StepBatch:
     """The next batch (Algorithm 2's loop body) for the requests as they stand at `now`."""
     tiers = {t: i for i, t in enumerate(budget.tiers)}
@@ -70,8 +74,11 @@ def form_batch(
     end = now + plan.batch_time_s
     slo_decodes = sorted((d for d in decoding if not d.best_effort and d.tokens_left > 0), key=lambda d: d.next_due_s)
     later: list[DecodeTask] = []
-    for d in slo_decodes:  # Algorithm 2, lines 8-13: EDF over the decodes due in this batch
-        if d.next_due_s > end:
+    # Algorithm 2, lines 8-13: EDF over the decodes whose next token would be late if it waited for the
+    # next batch (one due before that batch could end).
+    next_end = end + plan.batch_time_s - 1e-9
+    for d in slo_decodes:
+        if d.next_due_s >= next_end:
             later.append(d)
             continue
         need = 1 + plan.spec_len[tiers[d.tpot_s]]
@@ -79,20 +86,20 @@ def form_batch(
             break
         batch.decode[d.request_id] = need
         left -= need
-    for p in sorted((p for p in prefilling if not p.best_effort), key=lambda p: p.deadline_s):
-        if left <= 0:
-            break
-        chunk = min(p.tokens_left, left)
-        if chunk > 0:
-            batch.prefill[p.request_id] = chunk
-            left -= chunk
+    slo_prefills = sorted((p for p in prefilling if not p.best_effort), key=lambda p: p.deadline_s)
     if work_conserving:
+        # Prefill that cannot wait (at `urgency` x the least rate that meets every prefill deadline), then
+        # the decodes not yet due (finished sooner, they free their KV sooner), then the rest of the prefill.
+        urgent = math.ceil(urgency * _least_prefill_rate(now, slo_prefills, plan.batch_time_s) * plan.batch_time_s)
+        left -= _fill_prefill(batch, slo_prefills, min(left, urgent))
         for d in later:
             need = 1 + plan.spec_len[tiers[d.tpot_s]]
             if need > left:
                 break
             batch.decode[d.request_id] = need
             left -= need
+    left -= _fill_prefill(batch, slo_prefills, left)
+    if work_conserving:
         for p in (p for p in prefilling if p.best_effort):
             if left <= 0:
                 break
@@ -107,6 +114,30 @@ def form_batch(
                 batch.decode[d.request_id] = 1
                 left -= 1
     return batch
+
+
+def _least_prefill_rate(now: float, prefills: Sequence[PrefillTask], batch_time_s: float) -> float:
+    """Tokens per second that prefill in deadline order must run at to meet every deadline (a deadline
+    within the next batch counts as due at its end)."""
+    rate = 0.0
+    total = 0.0
+    for p in prefills:
+        total += p.tokens_left
+        rate = max(rate, total / max(p.deadline_s - now, batch_time_s))
+    return rate
+
+
+def _fill_prefill(batch: StepBatch, prefills: Sequence[PrefillTask], tokens: int) -> int:
+    """Give up to `tokens` prefill tokens in deadline order (on top of what the batch already gives them)."""
+    used = 0
+    for p in prefills:
+        if used >= tokens:
+            break
+        chunk = min(p.tokens_left - batch.prefill.get(p.request_id, 0), tokens - used)
+        if chunk > 0:
+            batch.prefill[p.request_id] = batch.prefill.get(p.request_id, 0) + chunk
+            used += chunk
+    return used
 
 
 def schedule_batches(

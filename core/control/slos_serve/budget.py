@@ -48,7 +48,9 @@ class BudgetModel:
     (the engine's max_num_batched_tokens); max_spec_len > 0 enables SLO-adaptive speculation with drafts
     accepted at `acceptance` per token. reference_counts: the decode population per tier the speculation
     lengths are chosen for (Appendix D), once per invocation; every plan then uses those lengths, so the
-    admission DP does not re-solve the speculation problem for each of its states.
+    admission DP does not re-solve the speculation problem for each of its states. knee_efficiency: None
+    sizes each batch as Algorithm 2 does (as large as the tightest pace allows); a share such as 0.95 takes
+    the smallest batch with that share of the largest one's token throughput instead (see `_knee`).
     """
 
     def __init__(
@@ -62,8 +64,10 @@ class BudgetModel:
         max_spec_len: int = 0,
         acceptance: float = 0.0,
         reference_counts: Sequence[float] | None = None,
+        knee_efficiency: float | None = None,
     ) -> None:
         self.model = model
+        self.knee_efficiency = knee_efficiency
         self.tiers = tuple(tiers)
         self.max_batch_tokens = max_batch_tokens
         self.context_tokens = context_tokens
@@ -82,8 +86,26 @@ class BudgetModel:
         if time_limit_s is not None:
             tokens = min(tokens, model.tokens_within(time_limit_s, self.context_tokens, spec_steps, self.sequences))
         tokens = float(int(tokens + 1e-6))  # whole tokens; the slack absorbs float error
+        if self.knee_efficiency is not None and tokens > 1.0:
+            tokens = self._knee(tokens, spec_steps)
         duration = model.step_time(tokens, self.context_tokens, spec_steps, self.sequences)
         return tokens, max(duration, 1e-9)
+
+    def _knee(self, most: float, spec_steps: int) -> float:
+        """The smallest batch whose token throughput is within `knee_efficiency` of the largest allowed one.
+        Beyond the roofline's knee a bigger batch only lengthens the step (every request's TPOT, and so how
+        long it holds its KV cache) for little more throughput."""
+        ctx, seqs = self.context_tokens, self.sequences
+        model = self.model
+        goal = self.knee_efficiency * most / model.step_time(most, ctx, spec_steps, seqs)  # type: ignore[operator]
+        low, high = 1, int(most)
+        while low < high:
+            middle = (low + high) // 2
+            if middle / model.step_time(middle, ctx, spec_steps, seqs) >= goal:
+                high = middle
+            else:
+                low = middle + 1
+        return float(low)
 
     def _gain(self, spec_len: int) -> float:
         return expected_accepted_tokens(self.acceptance, spec_len) if spec_len else 1.0

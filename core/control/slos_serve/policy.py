@@ -32,9 +32,14 @@ from core.control.policy import (
     Verdict,
 )
 from core.control.slos_serve.admission import AdmissionPlanner, PlannerSettings, PlanRequest
+from core.control.slos_serve.budget import BudgetModel
+from core.control.slos_serve.stepping import SlosServeStepPlanner
 from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.profile import Calibration, KnobsSpec, SlosServeSpec
 from core.sim.perf_model import StepTimeModel
+
+PLAN_MARGIN = 0.9  # share of the TTFT SLO the plan promises the first token in
+WINDOW_SHARE_OF_TTFT = 0.1  # an arrival waits for the scheduler at most this share of its TTFT SLO
 
 
 class SlosServePolicy(Policy):
@@ -57,15 +62,21 @@ class SlosServePolicy(Policy):
             kv_capacity_tokens=calibration.kv_capacity_tokens,
             max_spec_len=max_spec,
             acceptance=calibration.default_acceptance,
+            knee_efficiency=s.knee_efficiency,
         )
         self.model = StepTimeModel.from_calibration(calibration)
+        idle = BudgetModel(self.model, [1.0], max_batch_tokens=self.planner_settings.max_batch_tokens)
+        self._idle_prefill_tps = idle.plan(0).supply_tps
         planner = AdmissionPlanner(self.model, self.planner_settings)
         self.virtual = [VirtualReplica(i, planner) for i in range(replicas)]
+        self.step_planners: dict[int, SlosServeStepPlanner] = {}
         self.routing_limit = min(replicas, s.routing_limit or replicas)
         self.pending = HeldQueue()  # arrived, waiting for the next scheduler invocation
         self.best_effort = HeldQueue()
         self._next_replica = 0  # the one-shot round-robin dispatcher's pointer
         self._best_effort_due = math.inf
+        self._last_retry_s = -math.inf
+        self._pending_due = math.inf  # when the scheduler must run for the arrivals waiting
         self.invocations = 0
         self.admitted = 0
         self.offloaded = 0
@@ -94,9 +105,13 @@ class SlosServePolicy(Policy):
     # ------------------------------------------------------------ the Policy interface
 
     def on_arrival(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> Verdict:
-        req.state["prefill_deadline_s"] = req.arrival_s + self.ttft_s(req)
+        # The plan aims a little inside the SLO (step times are noisy; the first token comes at a step's end).
+        req.state["prefill_deadline_s"] = req.arrival_s + PLAN_MARGIN * self.ttft_s(req)
         if self.settings.schedule_window_s > 0.0 and self.settings.best_effort:
+            if not self.pending:
+                self._pending_due = math.inf
             self.pending.push(req)
+            self._pending_due = min(self._pending_due, req.arrival_s + self._wait_limit(req))
             return Verdict.hold(TIER_HIGH)
         # Decide this arrival on its own, now.
         releases, declined = self._route(now, [req], {req.request_id: req.state["prefill_deadline_s"]}, TIER_HIGH)
@@ -111,6 +126,7 @@ class SlosServePolicy(Policy):
     def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
         releases: list[Release] = []
         if self.pending and self._scheduler_due(now):
+            self._pending_due = math.inf
             releases += self._schedule(now, self.pending.take_all())
         if self.best_effort and now >= self._best_effort_due:
             releases += self._retry_best_effort(now)
@@ -120,14 +136,28 @@ class SlosServePolicy(Policy):
         if req.replica is not None and req.replica < len(self.virtual):
             self.virtual[req.replica].remove(req.request_id)
         if self.best_effort:
-            self._best_effort_due = now  # capacity freed: try the best-effort tier at once
+            # Capacity freed: try the best-effort tier soon (completions can come many per step; one retry
+            # per fifth of the retry period is enough).
+            soon = self._last_retry_s + self.settings.best_effort_retry_s / 5.0
+            self._best_effort_due = min(self._best_effort_due, max(now, soon))
 
     def next_wakeup(self, now: float) -> float:
         wake = self._best_effort_due if self.best_effort else math.inf
         if self.pending:
-            oldest = next(iter(self.pending)).arrival_s
-            wake = min(wake, oldest + self.settings.schedule_window_s)
+            wake = min(wake, self._pending_due)
         return wake
+
+    def step_planner(self, replica_index: int) -> SlosServeStepPlanner | None:
+        """Algorithm 2's batch formation and adaptive speculation inside the simulated replica (stepping.py);
+        None with `batch_formation: false` (admission control in front of vLLM's own batching)."""
+        if not self.settings.batch_formation:
+            return None
+        planner = SlosServeStepPlanner(self.model, self.planner_settings, self._slos)
+        self.step_planners[replica_index] = planner
+        return planner
+
+    def _slos(self, req: ControlledRequest) -> tuple[float, float]:
+        return self.ttft_s(req), self.tpot_s(req)
 
     def drain(self) -> list[ControlledRequest]:
         return self.pending.take_all() + self.best_effort.take_all()
@@ -140,6 +170,7 @@ class SlosServePolicy(Policy):
             "routing_limit": self.routing_limit,
             "schedule_window_s": s.schedule_window_s,
             "best_effort": s.best_effort,
+            "batch_formation": s.batch_formation,
             "max_spec_len": self.planner_settings.max_spec_len,
             "max_batch_tokens": self.planner_settings.max_batch_tokens,
             "invocations": self.invocations,
@@ -149,11 +180,15 @@ class SlosServePolicy(Policy):
 
     # ------------------------------------------------------------ scheduling
 
+    def _wait_limit(self, req: ControlledRequest) -> float:
+        """How long an arrival may wait for the scheduler: the window, but never more than a tenth of its
+        TTFT SLO (a 15 ms TTFT cannot spend 10 ms waiting to be planned)."""
+        return min(self.settings.schedule_window_s, WINDOW_SHARE_OF_TTFT * self.ttft_s(req))
+
     def _scheduler_due(self, now: float) -> bool:
         if len(self.pending) >= self.settings.schedule_batch:
             return True
-        oldest = next(iter(self.pending)).arrival_s
-        return now >= oldest + self.settings.schedule_window_s - 1e-12
+        return now >= self._pending_due - 1e-12
 
     def _route(
         self, now: float, waiting: list[ControlledRequest], deadline_of: dict[int, float], tier: str
@@ -167,6 +202,9 @@ class SlosServePolicy(Policy):
             if not waiting:
                 break
             replica = self.virtual[(start + hop) % len(self.virtual)]
+            engine = self.step_planners.get(replica.index)
+            if engine is not None:
+                engine.sync(replica)
             by_id = {r.request_id: r for r in waiting}
             plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
             self.invocations += 1
@@ -175,6 +213,7 @@ class SlosServePolicy(Policy):
                 req = by_id.pop(rid)
                 req.tier = tier
                 req.state["routing_hops"] = hop + 1
+                req.state["plan_deadline_s"] = deadline_of[rid]
                 replica.add(self._tracked(req, deadline_of[rid], tier == TIER_BEST_EFFORT), now)
                 releases.append(Release(req, replica.index))
             waiting = [r for r in waiting if r.request_id in by_id]
@@ -198,9 +237,20 @@ class SlosServePolicy(Policy):
     def _retry_best_effort(self, now: float) -> list[Release]:
         """Serve best-effort requests where a fresh TTFT window fits without costing admitted requests
         their SLOs, oldest first; at most one scheduler batch per retry."""
+        self._last_retry_s = now
         waiting = self.best_effort.head(self.settings.schedule_batch)
-        deadlines = {r.request_id: now + self.ttft_s(r) for r in waiting}
-        releases, _ = self._route(now, waiting, deadlines, TIER_BEST_EFFORT)
+        # A fresh window: the TTFT SLO, or twice the prompt's prefill time on an idle replica where that is
+        # longer (a prompt the SLO is too tight for even alone would otherwise wait forever).
+        deadlines = {
+            r.request_id: now + max(self.ttft_s(r), 2.0 * r.spec.prompt_tokens / self._idle_prefill_tps)
+            for r in waiting
+        }
+        releases, declined = self._route(now, waiting, deadlines, TIER_BEST_EFFORT)
+        idle = [v for v in self.virtual if not v.requests]
+        if declined and idle:  # an idle replica serves the oldest one whatever the plan says
+            req = declined[0]
+            idle[0].add(self._tracked(req, deadlines[req.request_id], True), now)
+            releases.append(Release(req, idle[0].index))
         for release in releases:
             self.best_effort.remove(release.request)
         self._best_effort_due = now + self.settings.best_effort_retry_s if self.best_effort else math.inf

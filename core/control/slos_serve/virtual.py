@@ -124,6 +124,7 @@ class VirtualReplica:
             max_batch_tokens=settings.max_batch_tokens,
             context_tokens=sum(t.kv_tokens - t.decode_left for t in decoding),
             sequences=len(self.requests),
+            knee_efficiency=settings.knee_efficiency,
         )
 
     def running(self, now: float) -> list[PlanRequest]:

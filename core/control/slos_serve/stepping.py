@@ -1,0 +1,148 @@
+"""SLOs-Serve inside the simulator's engine: the replica's `StepPlanner` (core/sim/stepwise.py).
+
+Each engine step it forms the batch with Algorithm 2 (batching.form_batch): the tightest TPOT among the
+requests decoding sets the batch time and so the batch size; decode tokens go earliest-deadline-first to
+the requests whose next token falls due in this batch, each verifying 1 + its tier's speculation length
+(sec. 3.2.3, chosen by budget.py for the population now decoding; a request that has fallen behind its
+pace verifies the longest allowed, the paper's "strengthen its SLO"); prefill chunks fill the rest,
+earliest prefill deadline first, then the best-effort tier. The engine draws how many drafted tokens are
+accepted (`accepted`).
+
+A request's token deadlines are the ones the metrics judge: its first token by arrival + TTFT SLO (for a
+best-effort request: the fresh window it was released with), then token j after the first by
+first + j x TPOT.
+
+`sync` copies the replica's true progress into the controller's virtual scheduler before an admission
+decision (the simulator can tell it; live, the virtual execution's estimate stands).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from core.control.policy import TIER_BEST_EFFORT
+from core.control.slos_serve.admission import PlannerSettings, tier_list
+from core.control.slos_serve.batching import DecodeTask, PrefillTask, form_batch
+from core.control.slos_serve.budget import BudgetModel
+from core.control.slos_serve.virtual import VirtualReplica
+from core.sim.perf_model import StepTimeModel
+
+# The engine paces decodes at this share of their TPOT SLO: step times are noisy (the calibration's noise_cv)
+# and a request at exactly its pace misses its SLO on the first slow step.
+PACE_MARGIN = 0.9
+
+
+class SlosServeStepPlanner:
+    """Forms every batch of one simulated replica (see the module docstring)."""
+
+    def __init__(
+        self,
+        model: StepTimeModel,
+        settings: PlannerSettings,
+        slos: Callable[[Any], tuple[float, float]],
+    ) -> None:
+        self.model = model
+        self.settings = settings
+        self.slos = slos  # ControlledRequest -> (TTFT SLO, TPOT SLO)
+        self.wants_acceptance = settings.max_spec_len > 0
+        self.replica: Any = None  # the StepwiseReplica it last planned for
+
+    def _deadlines(self, item: Any) -> tuple[float, float, bool]:
+        """(prefill deadline, TPOT, best effort) of a StepRequest."""
+        req = item.req
+        controlled = req.controlled
+        ttft, tpot = self.slos(controlled) if controlled is not None else (1.0, 0.1)
+        tpot *= PACE_MARGIN
+        deadline = req.latency_from_s + ttft
+        if controlled is not None:
+            deadline = controlled.state.get("plan_deadline_s", deadline)
+        return deadline, tpot, req.tier == TIER_BEST_EFFORT
+
+    def plan(self, replica: Any, now: float) -> Any:
+        from core.sim.stepwise import BatchPlan
+
+        self.replica = replica
+        decodes: list[DecodeTask] = []
+        by_id: dict[int, Any] = {}
+        tpots: list[float] = []
+        behind: set[int] = set()
+        for item in replica.decoding:
+            _, tpot, best_effort = self._deadlines(item)
+            first = item.chunk_times[0] if item.chunk_times else now
+            due = first + item.generated * tpot
+            rid = item.req.spec.request_id
+            by_id[rid] = item
+            decodes.append(DecodeTask(rid, tpot, due, item.out_left, best_effort))
+            if not best_effort:
+                tpots.append(tpot)
+                if due < now:
+                    behind.add(rid)
+        prefills: list[PrefillTask] = []
+        order: list[Any] = list(replica.prefilling)
+        room = replica.max_seqs - replica.running
+        kv_free = replica.kv_capacity - replica.kv_used
+        for item in replica.waiting:
+            # Admit from the queue only what the KV cache holds (the replica admits in order and stops at
+            # the first that does not fit: a plan that gives its budget to such a request runs nothing).
+            need = -(-(item.context + item.prompt_left + 1) // replica.block) * replica.block - item.context
+            if room <= 0 or need > kv_free:
+                break
+            order.append(item)
+            room -= 1
+            kv_free -= need
+        for item in order:
+            deadline, tpot, best_effort = self._deadlines(item)
+            rid = item.req.spec.request_id
+            by_id[rid] = item
+            prefills.append(PrefillTask(rid, deadline, item.prompt_left, best_effort))
+            tpots.append(tpot)
+        if not decodes and not prefills:
+            return BatchPlan()
+        tiers = tier_list(tpots) if tpots else [1.0]
+        reference = [0.0] * len(tiers)
+        for d in decodes:
+            if not d.best_effort:
+                reference[tiers.index(d.tpot_s)] += 1.0
+        budget = BudgetModel(
+            self.model,
+            tiers,
+            max_batch_tokens=self.settings.max_batch_tokens,
+            context_tokens=replica.kv_used,
+            sequences=replica.running,
+            max_spec_len=self.settings.max_spec_len,
+            acceptance=self.settings.acceptance,
+            reference_counts=reference,
+            knee_efficiency=self.settings.knee_efficiency,
+        )
+        batch = form_batch(now, decodes, prefills, budget)
+        plan = BatchPlan()
+        longest = self.settings.max_spec_len if budget.max_spec_len else 0
+        for rid, verified in batch.decode.items():
+            if rid in behind and longest:
+                verified = max(verified, 1 + longest)  # behind its pace: speculate as far as allowed
+            plan.decode.append((by_id[rid], verified))
+        # Already-prefilling requests first, then admissions in deadline order (the replica admits in order).
+        admitted = [(by_id[rid], chunk) for rid, chunk in batch.prefill.items()]
+        admitted.sort(key=lambda pair: pair[0].admitted_order < 0)
+        plan.prefill = admitted
+        plan.spec_steps = max((v - 1 for _, v in plan.decode), default=0)
+        return plan
+
+    def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
+        from core.sim.stepwise import draw_accepted
+
+        return draw_accepted(rng, request.acceptance, verified - 1)
+
+    def sync(self, virtual: VirtualReplica) -> None:
+        """Copy the replica's real progress into the controller's virtual scheduler."""
+        replica = self.replica
+        if replica is None:
+            return
+        for item in replica.prefilling:
+            virtual.observe(item.req.spec.request_id, item.prompt_left, max(0, item.out_left - 1), None)
+        for item in replica.decoding:
+            first = item.chunk_times[0] if item.chunk_times else None
+            virtual.observe(item.req.spec.request_id, 0, item.out_left, first)
