@@ -43,7 +43,6 @@ from core.metrics import summarize
 from core.profile import KnobsSpec, ServerSpec, SLOSpec, SmoothGoodputSpec
 from core.records import RequestSpec
 from core.serve.vllm_server import VllmServer, default_vllm_python
-from core.workload.arrivals import PoissonProcess
 
 CLIENTS = 8
 PROMPT_TOKENS = 32
@@ -107,14 +106,17 @@ def _specs(load: str, args: argparse.Namespace) -> Iterator[RequestSpec]:
     count = args.requests + 1  # one warm-up request first, as vllm bench sends one test prompt
     arrivals = np.zeros(count)
     if load == "poisson":
-        arrivals[1:] = 1.0 + PoissonProcess(args.rate, np.random.default_rng(args.seed)).next_block(args.requests)
+        # Exponential gaps scaled so the arrivals span exactly requests / rate, as vllm bench scales its own:
+        # both clients then offer the same load, not two samples of it (200 gaps' sum varies by about 7%).
+        gaps = np.random.default_rng(args.seed).exponential(1.0 / args.rate, args.requests)
+        arrivals[1:] = 1.0 + np.cumsum(gaps) * (args.requests / args.rate / gaps.sum())
     for i in range(count):
         yield RequestSpec(i, PROMPT_TOKENS, OUTPUT_TOKENS, arrival_s=float(arrivals[i]), warmup=i == 0)
 
 
 async def slo_console_client(url: str, load: str, args: argparse.Namespace) -> dict:
     """One run of slo-console's load client (the path `--backend url` and `--backend vllm` use)."""
-    backend = UrlBackend(url, metrics_interval_s=None)
+    backend = UrlBackend(url, metrics_interval_s=None, continuous_usage=not args.no_continuous_usage)
     await backend.probe()
     if load == "closed":
         plan = LoadPlan(requests=_specs(load, args), mode="closed", concurrency=CLIENTS, warmup_requests=1)
@@ -175,6 +177,11 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=12.0, help="Poisson arrival rate, req/s")
     parser.add_argument("--loads", default="closed,poisson", help="comma-separated: closed, poisson")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--no-continuous-usage",
+        action="store_true",
+        help="slo-console's client without per-chunk usage (vllm bench does not ask for it)",
+    )
     parser.add_argument("--url", help="use this running vLLM (serving the built-in tiny model) instead of starting one")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
     args = parser.parse_args()

@@ -293,14 +293,21 @@ def _run_tune_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
     if tuned is None or not tuned.ok:
         log.error("no configuration could be measured; see the error field of the tune_segment events")
         return EXIT_FAILED
+    baseline = result.baseline
+    slo_s = profile.slo.e2e_s
     log.info(
-        "%s: tuned %s: p99 %.3f s, goodput %.2f req/s (baseline p99 %s s, goodput %s req/s), %d segments",
+        "%s: tuned %s: p99 %.3f s (%s the %.3g s SLO), goodput %.2f req/s, x%.2f the baseline's; baseline = the "
+        "profile's knobs (%s): p99 %s s, goodput %s req/s; %d segments",
         profile.name,
         tuned.point.label(),
         tuned.p99_s,
+        "meets" if slo_s is not None and tuned.p99_s <= slo_s else "misses",
+        slo_s,
         tuned.goodput_rps,
-        "n/a" if result.baseline is None else f"{result.baseline.p99_s:.3f}",
-        "n/a" if result.baseline is None else f"{result.baseline.goodput_rps:.2f}",
+        result.goodput_gain(),
+        result.start.label(),
+        "n/a" if baseline is None else f"{baseline.p99_s:.3f}",
+        "n/a" if baseline is None else f"{baseline.goodput_rps:.2f}",
         result.segments_used,
     )
     return EXIT_OK

@@ -148,12 +148,19 @@ class WorkloadSpec(Strict):
 
 
 class SmoothGoodputSpec(Strict):
-    """Paper 003: benefit(r) = n_r - alpha * f(l_r), token i due at a + ttft_allow + (i-1)/V."""
+    """Paper 003: benefit(r) = n_r - alpha * f(l_r). Token i (from 1) is due at a + i/V (eq. 4), or, with a
+    first-token allowance, at a + ttft_allow + (i-1)/V (the first token may take ttft_allow, the rest follow
+    at the reader's speed)."""
 
     alpha: Annotated[float, Field(ge=0)] = 5.0
     reading_speed_tps: Annotated[float, Field(gt=0)] = 20.0
-    ttft_allow_s: Annotated[float, Field(ge=0)] = 1.0
+    ttft_allow_s: Annotated[float, Field(ge=0)] | None = None  # None: the paper's d_i = a + i/V
     penalty: Literal["linear", "quadratic", "log1p"] = "linear"
+
+    @property
+    def first_token_due_s(self) -> float:
+        """When the first token is due, after the request's arrival: 1/V (eq. 4), or the allowance."""
+        return 1.0 / self.reading_speed_tps if self.ttft_allow_s is None else self.ttft_allow_s
 
 
 # ---------------------------------------------------------------- knobs
@@ -275,10 +282,13 @@ class TunerSpec(Strict):
     its step within its bounds (clamped), plus the speculation toggle.
     """
 
-    algorithm: Literal["hillclimb", "halving", "simrank"] = "hillclimb"  # hillclimb = the paper's Algorithm 1
+    # guided: sweep the calibrated simulator, verify its picks, climb on measurements (core/tune/guided.py;
+    # the default, as it wins benchmarks/tuner_vs_grid.py); hillclimb = the paper's Algorithm 1.
+    algorithm: Literal["guided", "hillclimb", "halving", "simrank"] = "guided"
     steps: Annotated[int, Field(ge=1)] = 8  # T, the step budget of the hill-climb
-    # Segment budget (final re-measurement included) for halving, simrank and guided live segments; None:
-    # what the paper's hill-climb would spend without reusing measurements (steps x 8 + 1).
+    # Segment budget (final re-measurement included) for guided, halving, simrank and guided live segments;
+    # None: 16 for guided, else what the paper's hill-climb would spend without reusing measurements
+    # (steps x 8 + 1).
     segment_budget: Annotated[int, Field(ge=2)] | None = None
     slo_penalty: Annotated[float, Field(ge=0)] = 5.0  # lambda
     min_gain: Annotated[float, Field(ge=0)] = 0.02  # delta
@@ -308,8 +318,9 @@ class TunerSpec(Strict):
     # configurations live (plus the baseline and the final re-measurement).
     guided: bool = False
     guided_verify: Annotated[int, Field(ge=1)] = 3
-    # Verify first the configurations whose simulated p99 is within this share of the SLO (1.0: any that
-    # meets it). Below 1 when the simulator is known to under-state this machine's tail latency.
+    # Verify first the configurations whose simulated p99 (guided: scaled by the error measured so far) is
+    # within this share of the SLO (1.0: any that meets it). Below 1 when the simulator is known to
+    # under-state this machine's tail latency.
     guided_headroom: Annotated[float, Field(gt=0, le=1)] = 1.0
     # Then, while the segment budget lasts, climb live from the best verified point over simulator-ranked
     # moves (simrank): a simulator that is wrong about this machine is corrected by measurement.

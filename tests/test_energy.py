@@ -192,6 +192,23 @@ def test_busy_seconds_from_engine_samples() -> None:
     assert busy_seconds([], end_s=4.0) == 0.0
 
 
+def test_busy_seconds_from_the_engines_busy_counter_add_nothing_over_an_idle_gap() -> None:
+    def at(t: float, running: int, busy: float) -> EngineSample:
+        return EngineSample(time_s=t, running=running, waiting=0, kv_usage=0.0, extra={"busy_s": busy})
+
+    # Busy 0.4 s of the first 0.5 s interval, then a 30 s idle gap with no sample (the engine had nothing
+    # to do), then 0.2 s of work. Holding the running sample through the gap would count 30 s.
+    samples = [at(0.0, 1, 0.0), at(0.5, 1, 0.4), at(30.6, 1, 0.6)]
+    assert busy_seconds(samples, end_s=40.0) == pytest.approx(0.6)
+    assert busy_seconds(samples, start_s=0.5, end_s=40.0) == pytest.approx(0.2)
+    # Inside an interval the busy time comes first: by 10 s the engine has done the 0.2 s it had.
+    assert busy_seconds(samples, start_s=0.0, end_s=10.0) == pytest.approx(0.6)
+    assert busy_seconds(samples, start_s=0.0, end_s=0.25) == pytest.approx(0.2, abs=0.06)
+    # A half-busy window draws half the dynamic power, not peak.
+    reading = modelled_energy(PowerModel(idle_w=50, peak_w=300), busy_s=busy_seconds(samples), window_s=1.2)
+    assert reading.avg_power_w == pytest.approx(50 + 250 * 0.5)
+
+
 def test_modelled_meter_needs_the_simulators_figures() -> None:
     meter = ModelledEnergy(PowerModel(idle_w=10, peak_w=110), device="modelled L40S")
     meter.start()
@@ -401,3 +418,34 @@ def test_auto_meter_picks_rapl_when_readable(powercap: Path) -> None:
 def test_auto_meter_rejects_unknown_kinds() -> None:
     with pytest.raises(ValueError, match="unknown meter kind"):
         auto_meter("tpu")  # type: ignore[arg-type]
+
+
+def test_a_sparse_simulator_run_is_charged_its_busy_time_not_its_idle_gaps() -> None:
+    """Issue 12 item 5: 20 requests at 0.2 req/s leave the engine idle most of the window; the modelled
+    energy is idle power over the window plus the dynamic range over the engine's own busy seconds."""
+    import asyncio
+
+    from core.backends.sim import SimBackend
+    from core.factsheet.run import modelled_run_energy
+    from core.jobs import RunOptions, run_workload
+    from core.profile import load_calibration, load_profile
+
+    profile = load_profile("quickstart")
+    arrival = profile.workload.arrival.model_copy(update={"rate_rps": 0.2})
+    profile = profile.model_copy(
+        update={"workload": profile.workload.model_copy(update={"arrival": arrival, "warmup_requests": 0})}
+    )
+    calibration = load_calibration(profile)
+    backend = SimBackend(calibration, profile.knobs, seed=1)
+    result = asyncio.run(run_workload(profile, backend, lambda event: None, RunOptions(requests=20)))
+    power = calibration.power
+    assert power is not None
+    reading = modelled_run_energy(result)
+    assert reading is not None and reading.basis == "modelled"
+    window = result.summary.window_s
+    busy = result.outcome.notes["busy_s"]
+    assert busy < 0.2 * window  # sparse: mostly idle
+    assert reading.joules == pytest.approx(power.idle_w * window + (power.peak_w - power.idle_w) * busy, rel=0.02)
+    # Sample power follows utilisation: not the peak whenever a request is running.
+    running = [s.power_w for s in result.outcome.samples if s.running > 0 and s.power_w is not None]
+    assert running and min(running) < power.peak_w

@@ -415,7 +415,7 @@ def test_smooth_goodput_parameters_under_either_key_name() -> None:
     smooth = build_factsheet(sim_inputs(summary=summary)).performance.smooth_goodput
     assert (smooth.value, smooth.alpha, smooth.reading_speed_tps) == (50.0, 10.0, 5.0)
     # Not in the summary: the profile's configured values (paper 003's alpha 5 with V 20 tok/s).
-    assert smooth.ttft_allow_s == 1.0 and smooth.penalty == "linear"
+    assert smooth.ttft_allow_s is None and smooth.penalty == "linear"  # None: token i due at i/V (eq. 4)
 
 
 def test_built_from_a_real_metrics_summary() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 
 import aiohttp
@@ -244,3 +245,44 @@ def test_token_counter_from_a_tokenizer_json(tmp_path) -> None:
     builder = PromptBuilder.for_model_dir(tmp_path)
     assert builder.tokenizer_aware
     assert len(builder.body(40).split()) == 40  # a word-level tokenizer: one token per word
+
+
+async def test_one_connection_serves_consecutive_requests() -> None:
+    """The body is read to its end after [DONE], so the connection goes back to the pool: a new connection
+    per request would cost the server's API process (the bottleneck of a loaded CPU server)."""
+    from aiohttp import web
+
+    client_ports: set[int] = set()
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        client_ports.add(request.transport.get_extra_info("peername")[1])  # type: ignore[union-attr]
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for i in range(3):
+            chunk = {
+                "choices": [{"index": 0, "text": "x", "finish_reason": "length" if i == 2 else None}],
+                "usage": {"prompt_tokens": 7, "completion_tokens": i + 1},
+            }
+            await response.write(f"data: {json.dumps(chunk)}\n\n".encode())
+        await response.write(b"data: [DONE]\n\n")
+        await asyncio.sleep(0.1)  # the end of the body comes in a later packet, as it can from vLLM
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = StreamingClient(http, f"http://127.0.0.1:{port}", "m")
+            records = [await client.send(spec(request_id=i, output_tokens=3), time.perf_counter()) for i in range(5)]
+    finally:
+        await runner.cleanup()
+
+    assert all(r.status is Status.OK and r.output_tokens == 3 for r in records), [r.error for r in records]
+    # Released before the body's end (the chunked terminator came later), each connection would be closed.
+    assert len(client_ports) == 1, f"{len(client_ports)} connections for 5 consecutive requests"

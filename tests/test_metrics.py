@@ -183,13 +183,27 @@ def test_goodput_eq1_counts_completions_within_the_e2e_slo_per_second() -> None:
     assert s.slo_attainment == pytest.approx(3 / 5)
 
 
-def test_goodput_judges_e2e_only_while_attainment_needs_every_slo() -> None:
+def test_goodput_needs_every_slo_given_as_vllm_bench_goodput() -> None:
     slow_first_token = rec(0, chunks=[0.8, 0.9])  # e2e 0.9 ok, TTFT 0.8 > 0.5
     fine = rec(1, chunks=[0.1, 0.2])
     s = summarize([slow_first_token, fine], slo=SLOSpec(e2e_s=1.0, ttft_s=0.5), smooth=SMOOTH, window_s=1.0)
-    assert s.goodput_rps == pytest.approx(2.0)  # paper 000 eq. 1: e2e decides
+    # `vllm bench serve --goodput e2el:1000 ttft:500`: a request is good only if every SLO given holds.
+    assert s.goodput_rps == pytest.approx(1.0)
     assert s.slo_attainment == pytest.approx(0.5)
     assert s.token_goodput_tps == pytest.approx(2.0)  # only the attained request's 2 tokens
+
+
+def test_smooth_goodput_default_deadline_is_the_papers_i_over_v() -> None:
+    # Paper 003 eq. 4 with V = 2 tokens/s and no first-token allowance: token i is due at a + i/2.
+    smooth = SmoothGoodputSpec(alpha=2.0, reading_speed_tps=2.0, penalty="linear")
+    assert smooth.ttft_allow_s is None and smooth.first_token_due_s == pytest.approx(0.5)
+    # Tokens at 0.4, 1.0, 2.5 s after arrival: due at 0.5, 1.0, 1.5; the third is 1.0 s late.
+    r = rec(0, chunks=[0.4, 1.0, 2.5])
+    assert idle_latency_s(r, smooth) == pytest.approx(1.0)
+    assert benefit(r, smooth) == pytest.approx(3 - 2.0 * 1.0)
+    # The allowance stays an option: a first token due 1 s after arrival shifts every deadline by 0.5 s.
+    allowed = SmoothGoodputSpec(alpha=2.0, reading_speed_tps=2.0, ttft_allow_s=1.0, penalty="linear")
+    assert idle_latency_s(r, allowed) == pytest.approx(0.5)
 
 
 def test_goodput_without_an_e2e_slo_uses_the_other_slos() -> None:

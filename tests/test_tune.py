@@ -19,9 +19,9 @@ from core.profile import ProfileError, SLOSpec, SmoothGoodputSpec, TunerSpec, lo
 from core.records import RequestRecord, RequestSLO
 from core.tune.evaluator import Evaluator
 from core.tune.hillclimb import hill_climb, move_decision
-from core.tune.job import run_tune
+from core.tune.job import knob_space, run_tune
 from core.tune.journal import Journal
-from core.tune.knobspace import KnobSpace, Point
+from core.tune.knobspace import UNLIMITED, KnobSpace, Point
 from core.tune.score import Segment, hw_cost, score
 from core.tune.segment import Measurement
 
@@ -47,11 +47,11 @@ def test_neighbours_are_the_papers_seven_moves_in_a_fixed_order() -> None:
 
 def test_neighbours_are_clamped_and_a_move_that_clamps_onto_the_point_is_dropped() -> None:
     corner = Point(2, 16, 0, True)
+    # Switching speculation off at width 0 runs the same server: no move, not listed.
     assert KnobSpace(SPEC).neighbours(corner) == [
         Point(4, 16, 0, True),
         Point(2, 13, 0, True),
         Point(2, 16, 4, True),
-        Point(2, 16, 0, False),
     ]
     # max_num_seqs 14 + 3 is clamped to 16 (a move, since 16 != 14).
     assert Point(8, 16, 8, True) in KnobSpace(SPEC).neighbours(Point(8, 14, 8, True))
@@ -60,11 +60,41 @@ def test_neighbours_are_clamped_and_a_move_that_clamps_onto_the_point_is_dropped
 def test_speculation_off_is_one_configuration_whatever_the_width() -> None:
     assert Point(8, 8, 12, False).config_key == Point(8, 8, 0, True).config_key == (8, 8, 0)
     space = KnobSpace(SPEC)
+    # With speculation off a width move changes nothing that runs: the neighbours are the other knobs and
+    # switching speculation on (at one width step when the width is 0).
+    assert space.neighbours(Point(8, 8, 0, False)) == [
+        Point(6, 8, 0, False),
+        Point(10, 8, 0, False),
+        Point(8, 5, 0, False),
+        Point(8, 11, 0, False),
+        Point(8, 8, 4, True),
+    ]
+    for point in space.distinct_configs(START):
+        assert all(n.config_key != point.config_key for n in space.neighbours(point))
+        assert all(n.config_key != point.config_key for n in space.compound_neighbours(point))
     configs = space.distinct_configs(START)
     # conc {2, 4, ..., 16} x seqs {4, 5, 7, 8, 10, 11, 13, 14, 16} (steps of 3 from 8, clamps at 4 and 16
     # opening the other residues) x effective width {0, 4, 8, 12, 16}
     assert sorted({p.max_num_seqs for p in configs}) == [4, 5, 7, 8, 10, 11, 13, 14, 16]
     assert len(configs) == 8 * 9 * 5
+
+
+def test_open_loop_no_cap_is_a_point_and_the_start_is_the_profiles_knobs_as_given() -> None:
+    profile = load_profile("quickstart")
+    assert profile.knobs.concurrency is None  # the user set no in-flight cap
+    space, start = knob_space(profile, profile.tuner)
+    assert start == Point(UNLIMITED, 12, 0, False) and start.as_dict()["concurrency"] is None
+    assert start.to_knobs(profile.knobs) == profile.knobs  # the baseline runs exactly the user's knobs
+    # No cap sits one step above the upper bound: down to the largest cap, and back up from it.
+    assert Point(16, 12, 0, False) in space.neighbours(start)
+    assert start in space.neighbours(Point(16, 12, 0, False))
+    assert Point(UNLIMITED, 12, 0, False) not in KnobSpace(SPEC).neighbours(Point(16, 12, 0, False))  # closed
+    assert Point.from_dict(start.as_dict()) == start
+    # Charged as the largest cap (eq. 2): it lets at least that many requests in flight.
+    assert hw_cost(start, SPEC) == pytest.approx(hw_cost(Point(16, 12, 0, False), SPEC))
+    # A start outside the bounds is measured as given, not clamped.
+    wide = profile.model_copy(update={"knobs": profile.knobs.model_copy(update={"max_num_seqs": 256})})
+    assert knob_space(wide, wide.tuner)[1].max_num_seqs == 256
 
 
 # ------------------------------------------------------------------ score (eqs. 2, 3) and the move rule
@@ -196,6 +226,38 @@ def test_a_failed_segment_scores_minus_infinity_and_the_run_goes_on() -> None:
     assert result.best is not None and result.best.ok
 
 
+class FlatAfterStartRunner(SurfaceRunner):
+    """The quickstart's old trap on a synthetic surface: the simulator variant (p99 smoothed), a start that
+    violates the SLO badly, and a plateau beyond it where no move gains delta."""
+
+    variant = "sim"
+
+    def metrics(self, point: Point) -> tuple[float, float]:
+        if point.config_key == START_OFF.config_key:
+            return 2.0, 6.0
+        return 10.0 + hw_cost(point, SPEC), 0.8  # every other configuration scores 10
+
+
+START_OFF = Point(8, 8, 0, False)
+
+
+def test_a_step_that_keeps_the_knobs_is_not_reported_as_a_move() -> None:
+    runner = FlatAfterStartRunner()
+    evaluator = Evaluator(runner, SPEC, 1.2, seed=0)
+    events: list[Event] = []
+    result = asyncio.run(hill_climb(evaluator, KnobSpace(SPEC), START_OFF, steps=6, sink=events.append))
+    steps = [e for e in events if e["event"] == "tune_step"]
+    assert steps[0]["moved"] is True  # off the violating start
+    for before, after in itertools.pairwise(result.steps):
+        # A step reported as a move changes what runs; one that keeps the configuration is "stayed".
+        assert before.moved == (after.point.config_key != before.point.config_key)
+    for record in result.steps:
+        assert record.best_neighbour is None or record.best_neighbour.config_key != record.point.config_key
+    # On the plateau the smoothed current point is compared with neighbours smoothed the same way: the
+    # start's p99 still in the average is no reason to hop (before, width-only "moves" kept gaining).
+    assert [e["moved"] for e in steps[1:]] == [False] * 5
+
+
 # ------------------------------------------------------------------ journal
 
 
@@ -314,7 +376,7 @@ class SimServedBackend:
 
 def test_live_tuning_restarts_per_segment_scores_failed_starts_minus_inf_and_stops_every_server() -> None:
     profile = load_profile(PAPER)
-    spec = profile.tuner.model_copy(update={"steps": 3, "warmup_s": 5.0, "measure_s": 20.0})
+    spec = profile.tuner.model_copy(update={"algorithm": "hillclimb", "steps": 3, "warmup_s": 5.0, "measure_s": 20.0})
     backend = SimServedBackend()
     events: list[Event] = []
     result = asyncio.run(run_tune(profile, backend_kind="vllm", sink=events.append, backend=backend, spec=spec))
@@ -348,3 +410,60 @@ def test_guided_verification_prefers_tail_headroom_and_skips_configurations_the_
     )
     assert runner.calls == [START, Point(6, 7, 0, False), Point(4, 4, 0, False)]
     assert result.best is not None and result.best.point in runner.calls
+
+
+# ------------------------------------------------------------------ the default: guided search
+
+
+def test_guided_picks_correct_the_simulators_p99_by_its_measured_error() -> None:
+    from core.tune.guided import latency_ratio, next_pick
+
+    def sim(point: Point, p99: float, goodput: float) -> Segment:
+        return Segment(key="s", point=point, phase="sweep", step=0, score=goodput, p99_s=p99, goodput_rps=goodput)
+
+    swept = {
+        seg.point.config_key: seg
+        for seg in [
+            sim(START, 0.6, 8.0),
+            sim(Point(16, 16, 0, False), 1.1, 30.0),  # best as simulated, but at the edge of the 1.2 s SLO
+            sim(Point(14, 16, 0, False), 1.1, 30.0),  # the same simulated result
+            sim(Point(10, 10, 0, False), 0.5, 20.0),
+            sim(Point(4, 4, 0, False), 0.3, 8.0),
+        ]
+    }
+    target = Evaluator(SurfaceRunner(), SPEC, 1.2, seed=0)
+    assert latency_ratio([], swept) == 1.0
+    first = next_pick(swept, target, 1.0)
+    assert first is not None and first.point == Point(14, 16, 0, False)  # ties go to the lower configuration
+    # Measured: the start ran at twice the simulated p99. Scaled by 2, 16/16 would violate (2.2 s) while
+    # 10/10 (1.0 s) still meets the SLO: the next pick is 10/10.
+    measured = Segment(key="m", point=START, phase="baseline", step=0, score=1.0, p99_s=1.2, goodput_rps=8.0)
+    assert latency_ratio([measured], swept) == pytest.approx(2.0)
+    target.history.append(measured)
+    second = next_pick(swept, target, 2.0)
+    assert second is not None and second.point == Point(10, 10, 0, False)
+    # A configuration already measured, or one the simulator cannot tell from it, is not asked again.
+    target.history.append(dataclasses.replace(measured, point=Point(16, 16, 0, False)))
+    assert next_pick(swept, target, 1.0).point == Point(10, 10, 0, False)  # type: ignore[union-attr]
+
+
+def test_quickstart_default_tune_starts_from_the_users_knobs_and_ends_meeting_the_slo() -> None:
+    """Issue 12's done-means on the simulator: `slo-console --batch --profile quickstart --job tune`."""
+    profile = load_profile("quickstart")
+    assert profile.tuner.algorithm == "guided"  # the default
+    # Simulator segments of 800 requests / 50 s instead of 1500 / 90 s keep the sweep quick in CI.
+    spec = profile.tuner.model_copy(update={"sim_min_requests": 800, "sim_min_duration_s": 50.0})
+    events: list[Event] = []
+    result = asyncio.run(run_tune(profile, sink=events.append, spec=spec))
+    assert result.baseline is not None and result.final is not None
+    assert result.baseline.point.to_knobs(profile.knobs) == profile.knobs  # no made-up concurrency cap
+    assert result.baseline.p99_s > 1.2  # the quickstart's story: max_num_seqs 12 misses the 1.2 s p99
+    assert result.final.p99_s <= 1.2 and result.final.point.max_num_seqs > 12
+    summary = next(e for e in events if e["event"] == "tune_summary")
+    assert summary["tuned_meets_slo"] is True
+    assert summary["baseline"]["knobs"]["concurrency"] is None
+    assert summary["goodput_gain_x"] == pytest.approx(result.final.goodput_rps / result.baseline.goodput_rps)
+    assert result.segments_used <= 16
+    for step in [e for e in events if e["event"] == "tune_step"]:
+        if step["moved"] and step.get("best_neighbour") is not None:
+            assert step["best_neighbour"] != step["knobs"]

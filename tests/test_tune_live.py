@@ -1,6 +1,6 @@
-"""SLO-Tuner against a REAL vLLM (the CPU build, tiny model, low-acceptance draft), reduced: the search runs
-on the calibrated simulator, then only the baseline, the simulator's top pick and the final re-measurement
-are measured live, each on a vLLM restarted with the segment's knobs (3 starts, ~3 minutes on 2 cores).
+"""SLO-Tuner against a REAL vLLM (the CPU build, tiny model, low-acceptance draft), reduced: the guided search
+sweeps the calibrated simulator, then only the baseline, the simulator's first pick and the final
+re-measurement are measured live, each on a vLLM restarted with the segment's knobs (3 starts, ~3 minutes on 2 cores).
 
 Done-means (b) in small: from 8/8/8/on the tuner disables or shrinks speculation, meets the SLO the start
 violates, and raises goodput by a margin noise cannot fake (1.5x here; the full 16-segment run is where 3x
@@ -68,9 +68,8 @@ def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_pa
     from core.serve.process import group_members
 
     profile = load_profile("slo-tuner-cpu")
-    spec = profile.tuner.model_copy(
-        update={"guided_verify": 1, "guided_refine": False, "warmup_s": 3.0, "measure_s": 8.0}
-    )
+    # The default guided search cut to 3 live segments: the baseline, the simulator's first pick, the final.
+    spec = profile.tuner.model_copy(update={"segment_budget": 3, "guided_verify": 1, "warmup_s": 3.0, "measure_s": 8.0})
     backend = RecordingBackend(VllmBackend.from_profile(profile, python=VLLM_PYTHON))
     events: list[Event] = []
     result = asyncio.run(
@@ -89,13 +88,13 @@ def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_pa
     assert result.segments_used == len(backend.starts) == 3 <= 16
     # Large, repeatable effects only. On 2 shared cores the start's p99 has ranged from 0.99 s to 5.6 s between
     # runs (CI once measured it under the 1.0 s SLO) and a tuned 8 s re-measurement from ~0.6 s to 1.19 s, so
-    # neither "the start violates" nor a goodput multiple is asserted here; the full run (README: 82x the
-    # goodput, SLO met) is the measurement. What must hold every time: the tuner turns the useless draft down,
-    # its answer keeps p99 near the SLO, and it does not end worse than where it started.
+    # neither "the start violates" nor a goodput multiple is asserted here. What must hold every time: the
+    # tuner turns the useless draft down, its answer keeps p99 near the SLO, and it does not end worse than
+    # where it started.
     assert result.final.point.effective_width < result.start.effective_width  # speculation off or shrunk
     assert result.final.ok and result.final.p99_s <= 1.25 * slo_s
     assert result.final.score >= result.baseline.score - 1.0
-    assert result.live_segments_saved is not None and result.live_segments_saved > 0
+    assert result.algorithm == "guided" and result.sim_segments > 0  # the simulator swept, not the server
     summary = next(e for e in events if e["event"] == "tune_summary")
     assert summary["tuned_meets_slo"] is (result.final.p99_s <= slo_s)
     # Every segment stopped its server: no process group of any of the 3 starts is left.

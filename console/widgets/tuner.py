@@ -75,7 +75,10 @@ class TunerView(Vertical):
             table.move_cursor(row=self._rows - 1)
 
         state = "finished" if tune.finished else ("running" if tune.active else "not started")
-        self.query_one("#tune-state", KpiTile).show(state, session.backend_kind)
+        detail = session.backend_kind
+        if tune.active and not tune.steps and tune.algorithm == "guided":
+            detail = "sweeping the simulator first"  # core/tune/guided.py: no target segment before it ends
+        self.query_one("#tune-state", KpiTile).show(state, detail)
         baseline, best = tune.baseline, tune.best
         self.query_one("#tune-baseline", KpiTile).show(
             num(baseline.get("goodput_rps"), 2) if baseline else UNKNOWN,

@@ -246,8 +246,13 @@ class StreamingClient:
                     continue  # blank separators, SSE comments and event/id fields carry no tokens
                 payload = line[len(b"data:") :].strip()
                 if payload == b"[DONE]":
+                    # Read on to the end of the body (it follows at once): a response left unread makes
+                    # aiohttp close the connection instead of reusing it, and a new connection per request
+                    # costs the server's API process, which is what limits a loaded CPU server.
                     stream.done_s = now
-                    return
+                    continue
+                if stream.done_s is not None:
+                    continue
                 try:
                     data = json.loads(payload)
                 except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
@@ -255,7 +260,7 @@ class StreamingClient:
                     cause = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
                     raise _StreamFailure(Status.ERROR, f"malformed SSE JSON ({cause}): {_snippet(text)}") from None
                 stream.add(data, now)
-        if not stream.finished:
+        if stream.done_s is None and not stream.finished:
             raise _StreamFailure(Status.ERROR, "stream ended before [DONE] or a finish_reason")
 
 

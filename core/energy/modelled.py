@@ -1,12 +1,17 @@
 """Modelled energy for simulator runs, from the calibration's power model.
 
-P(t) = idle_w + (peak_w - idle_w) * u(t), where u(t) is 1 while the engine runs a batch and 0 otherwise, so
-    E = integral of P dt = idle_w * window_s + (peak_w - idle_w) * busy_s.
+P = idle_w + (peak_w - idle_w) * u, where u is the engine's utilisation: the share of time it spends
+running batches (its busy time). Integrated over a window,
+    E = idle_w * window_s + (peak_w - idle_w) * busy_s,
+with busy_s the engine's own busy seconds inside the window: the simulator's samples carry its
+cumulative busy time (`extra["busy_s"]`), so an idle gap between two samples adds nothing, and a half-busy
+interval draws half the dynamic power (not peak whenever anything runs).
 This is a model, stated as such: it knows nothing of clocks, memory power or thermal state.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 
@@ -18,7 +23,7 @@ from core.profile import PowerModel
 def _method(power: PowerModel) -> str:
     return (
         f"power model: idle {power.idle_w:g} W + ({power.peak_w:g} - {power.idle_w:g}) W x utilisation "
-        "(utilisation = share of the window the engine was busy)"
+        "(utilisation = the engine's busy seconds / the window)"
     )
 
 
@@ -49,15 +54,22 @@ def modelled_energy(
     )
 
 
-def busy_seconds(samples: Sequence[EngineSample], end_s: float | None = None, *, start_s: float | None = None) -> float:
-    """Seconds the engine had work running, from engine snapshots (each holds until the next one).
+BUSY_COUNTER = "busy_s"  # EngineSample.extra key: the engine's cumulative busy seconds at the sample
 
-    The last sample holds until `end_s` when given. With `start_s`/`end_s`, only busy time inside that
-    window counts, so energy and the metrics can share one window (e.g. excluding warm-up).
-    Samples must be in time order.
+
+def busy_seconds(samples: Sequence[EngineSample], end_s: float | None = None, *, start_s: float | None = None) -> float:
+    """Seconds the engine had work running inside [start_s, end_s] (either open), from its samples.
+
+    Samples in time order. When they carry the engine's cumulative busy time (`BUSY_COUNTER`), the busy
+    seconds are its increase over the window; inside one sample interval the busy time is taken to come
+    first (the engine works off what it has, then idles until new work arrives), and after the last sample
+    nothing runs. Samples without it (older recordings) fall back to
+    holding each snapshot until the next one: a sample with requests running counts its whole interval.
     """
     if not samples:
         return 0.0
+    if all(BUSY_COUNTER in sample.extra for sample in samples):
+        return _counter_at(samples, end_s) - (0.0 if start_s is None else _counter_at(samples, start_s))
     lower = -math.inf if start_s is None else start_s
     upper = math.inf if end_s is None else end_s
     busy = 0.0
@@ -66,6 +78,24 @@ def busy_seconds(samples: Sequence[EngineSample], end_s: float | None = None, *,
         if sample.running > 0:
             busy += max(0.0, min(interval_end, upper) - max(float(sample.time_s), lower))
     return busy
+
+
+def _counter_at(samples: Sequence[EngineSample], time_s: float | None) -> float:
+    """The cumulative busy seconds at `time_s` (None: the end), linear between samples."""
+    first, last = samples[0], samples[-1]
+    if time_s is None or time_s >= float(last.time_s):
+        return float(last.extra[BUSY_COUNTER])
+    if time_s <= float(first.time_s):
+        # Before the first sample: busy time accrued up to it is spread over [0, its time].
+        t0 = float(first.time_s)
+        return float(first.extra[BUSY_COUNTER]) * (max(time_s, 0.0) / t0 if t0 > 0 else 0.0)
+    times = [float(sample.time_s) for sample in samples]
+    index = bisect.bisect_right(times, time_s)
+    before, after = samples[index - 1], samples[index]
+    t_before = times[index - 1]
+    b0, b1 = float(before.extra[BUSY_COUNTER]), float(after.extra[BUSY_COUNTER])
+    # Busy first: by time_s the engine has worked min(all of the interval's busy time, time elapsed).
+    return b0 + min(b1 - b0, time_s - t_before)
 
 
 class ModelledEnergy:

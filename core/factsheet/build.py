@@ -48,14 +48,18 @@ SLO_DEFINITIONS = {
     "ttft_s": "time to first token: time of the first token minus the time the request was sent",
     "tpot_s": "time per output token after the first: (e2e - TTFT) / (output tokens - 1), for > 1 token",
     "percentiles": "over completed requests only; failed requests are counted separately by cause",
-    "goodput_rps": "requests per second over the window whose e2e latency met the e2e SLO (SLO-Tuner eq. 1)",
+    "goodput_rps": (
+        "requests per second over the window that completed and met every SLO given (e2e, TTFT, TPOT; "
+        "SLO-Tuner eq. 1, vllm bench serve --goodput)"
+    ),
     "slo_attainment": (
         "share of all requests submitted in the window, failures included, that met every SLO that "
         "applies to them (per task where tasks set their own SLOs)"
     ),
     "token_goodput_tps": "output tokens per second of the requests that met their SLOs",
     "smooth_goodput": (
-        "benefit tokens per second: token i of a request is due at send + ttft_allow + (i - 1) / V; "
+        "benefit tokens per second: token i of a request is due at send + i / V (paper 003 eq. 4), or at "
+        "send + ttft_allow + (i - 1) / V with a first-token allowance; "
         "benefit = tokens - alpha * f(user idle latency), summed and divided by the window (paper 003)"
     ),
 }

@@ -122,12 +122,13 @@ class LatencyStats(Section):
 
 
 class SmoothGoodput(Section):
-    """Paper 003: token i due at a + ttft_allow + (i-1)/V; benefit = n - alpha * f(idle latency)."""
+    """Paper 003: token i due at a + i/V (eq. 4), or a + ttft_allow + (i-1)/V with an allowance; benefit =
+    n - alpha * f(idle latency)."""
 
     value: float | None = Field(description="benefit tokens per second")
     alpha: float | None
     reading_speed_tps: float | None = Field(description="V, the reader's speed")
-    ttft_allow_s: float | None
+    ttft_allow_s: float | None  # None: no allowance, token i due at i/V
     penalty: str | None = Field(description="f, the penalty on user idle latency")
 
 

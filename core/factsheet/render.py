@@ -264,8 +264,13 @@ def _performance(f: Factsheet) -> list[str]:
         f"- Throughput: {_num(perf.throughput_rps, 'req/s')} completed",
         f"- Output throughput: {_num(perf.output_tps, 'tok/s')} ({_num(perf.output_tokens)} output tokens)",
         f"- Smooth goodput: {_num(smooth.value, 'benefit tok/s')} (α = {_num(smooth.alpha)}, "
-        f"V = {_num(smooth.reading_speed_tps, 'tok/s')}, TTFT allowance {_num(smooth.ttft_allow_s, 's')}, "
-        f"f = {smooth.penalty or UNKNOWN})",
+        f"V = {_num(smooth.reading_speed_tps, 'tok/s')}, "
+        + (
+            "token i due at i/V (paper 003 eq. 4), "
+            if smooth.ttft_allow_s is None
+            else f"first token allowed {_num(smooth.ttft_allow_s, 's')}, "
+        )
+        + f"f = {smooth.penalty or UNKNOWN})",
         f"- Capacity under the SLO: {capacity}",
     ]
     if perf.per_task:

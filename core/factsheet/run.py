@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from core.energy import EnergyReading, ModelledEnergy
+from core.energy.modelled import BUSY_COUNTER
 from core.factsheet.build import FactsheetInputs, build_factsheet
 from core.factsheet.model import Factsheet
 from core.factsheet.render import write_factsheet
@@ -23,9 +25,13 @@ def modelled_run_energy(result: RunResult) -> EnergyReading | None:
         return None
     meter = ModelledEnergy(power, device=f"modelled {result.backend.get('hardware', '')}".strip())
     meter.start()
-    meter.record_samples(
-        result.outcome.samples, window_s=result.summary.window_s, start_s=min(r.arrival_s for r in measured)
-    )
+    samples = list(result.outcome.samples)
+    busy_total = result.outcome.notes.get("busy_s")
+    if samples and BUSY_COUNTER in samples[-1].extra and isinstance(busy_total, float | int):
+        # The engine works on after its last sample until the run ends: close the series with its total.
+        end_s = max(float(result.outcome.duration_s), float(samples[-1].time_s))
+        samples.append(replace(samples[-1], time_s=end_s, running=0, extra={BUSY_COUNTER: float(busy_total)}))
+    meter.record_samples(samples, window_s=result.summary.window_s, start_s=min(r.arrival_s for r in measured))
     return meter.stop()
 
 

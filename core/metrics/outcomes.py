@@ -112,9 +112,10 @@ def _chunk_pass(
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
     """First-chunk time, delivered tokens and max lateness per request, plus ITL gaps of ok requests.
 
-    Lateness of token i is t_i - d_i with d_i = a + ttft_allow + (i - 1)/V (paper 003 eq. 4, shifted by
-    the first-token allowance of sec. 3.4). Inside one chunk t is constant and d grows with i, so the
-    maximum over a chunk's tokens is at its first token: only chunk starts are evaluated.
+    Lateness of token i is t_i - d_i with d_i = a + first + (i - 1)/V, where first = 1/V gives paper 003's
+    eq. 4 (d_i = a + i/V) and a first-token allowance, if the profile sets one, replaces it. Inside one
+    chunk t is constant and d grows with i, so the maximum over a chunk's tokens is at its first token:
+    only chunk starts are evaluated.
     """
     n = len(times_list)
     first = np.empty(n)
@@ -149,7 +150,7 @@ def _chunk_pass(
         else:
             before = np.arange(len(flat_t)) - starts[seg]
             delivered[lo:hi] = counts
-        deadline = arrival[lo:hi][seg] + smooth.ttft_allow_s + before / smooth.reading_speed_tps
+        deadline = arrival[lo:hi][seg] + smooth.first_token_due_s + before / smooth.reading_speed_tps
         max_late[lo:hi] = np.maximum.reduceat(flat_t - deadline, starts)
         first[lo:hi] = flat_t[starts]
         if collect_itl and len(flat_t) > 1:
@@ -246,14 +247,14 @@ def compute_outcomes(
     tpot_for_slo = np.where(ok & (out_tok <= 1), 0.0, tpot)  # n <= 1 passes, as vllm bench
     tpot_met = np.isnan(slo_tpot) | (tpot_for_slo <= slo_tpot + SLO_TOLERANCE_S)
     attained = ok & e2e_met & ttft_met & tpot_met
-    # Goodput (paper 000 eq. 1) judges e2e latency; a request without an e2e SLO is judged by the SLOs it
-    # has instead (TTFT/TPOT, as vllm bench's --goodput), and one with no SLO at all counts as good.
-    good = ok & np.where(np.isnan(slo_e2e), ttft_met & tpot_met, e2e_met)
+    # Goodput (paper 000 eq. 1, `vllm bench serve --goodput`): a request counts when it completed and every
+    # SLO given for it holds (e2e, TTFT, TPOT); one with no SLO at all counts as good.
+    good = attained
 
     # ---- user idle latency and benefit (paper 003 eqs. 6-7)
     idle = np.where(np.isnan(max_late), NAN, np.maximum(max_late, 0.0))
-    # A failure leaves the reader waiting for token k+1 (due a + allow + k/V) until the error arrives.
-    failed_wait = end_a - (arrival_a + smooth.ttft_allow_s + delivered / smooth.reading_speed_tps)
+    # A failure leaves the reader waiting for token k+1 (due a + first + k/V) until the error arrives.
+    failed_wait = end_a - (arrival_a + smooth.first_token_due_s + delivered / smooth.reading_speed_tps)
     waited = ~ok & ~np.isnan(end_a)
     idle = np.where(waited, np.fmax(idle, np.maximum(failed_wait, 0.0)), idle)
     # A completed request that produced no token leaves nothing to wait for.

@@ -112,7 +112,7 @@ class Summary:
     smooth_goodput: float  # benefit tokens per second
     smooth_alpha: float
     smooth_reading_speed_tps: float
-    smooth_ttft_allow_s: float
+    smooth_ttft_allow_s: float | None  # None: token i due at a + i/V (paper 003 eq. 4)
     smooth_penalty: str
     throughput_rps: float
     output_tps: float

@@ -278,9 +278,16 @@ class SimEngine:
         self.on_sample(self.sample())
 
     def sample(self) -> EngineSample:
+        """A snapshot. `extra["busy_s"]` is the cumulative busy time (modelled energy integrates it, so an
+        idle gap between samples adds nothing); power is idle + (peak - idle) x utilisation, utilisation
+        being the busy share of the replicas' time since the previous sample."""
         power = self.calibration.power
         running = sum(r.running for r in self.replicas)
-        busy_share = 1.0 if running else 0.0
+        busy_s = self.busy_s
+        last_time_s, last_busy_s = getattr(self, "_last_sample", (0.0, 0.0))
+        self._last_sample = (self.clock, busy_s)
+        span_s = (self.clock - last_time_s) * len(self.replicas)
+        utilisation = min(1.0, (busy_s - last_busy_s) / span_s) if span_s > 0 else (1.0 if running else 0.0)
         return EngineSample(
             time_s=self.clock,
             running=running,
@@ -288,7 +295,8 @@ class SimEngine:
             kv_usage=sum(r.kv_usage for r in self.replicas) / len(self.replicas),
             preemptions_total=self.preemptions,
             generated_tokens_total=int(self.generated_tokens),
-            power_w=None if power is None else power.idle_w + (power.peak_w - power.idle_w) * busy_share,
+            power_w=None if power is None else power.idle_w + (power.peak_w - power.idle_w) * utilisation,
+            extra={"busy_s": float(busy_s)},
         )
 
     def _next_replica(self) -> EngineReplica | None:

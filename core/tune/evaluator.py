@@ -73,7 +73,7 @@ class Evaluator:
 
     def segment_key(self, point: Point, phase: str, step: int, fraction: float) -> str:
         conc, seqs, width = point.config_key
-        key = f"{phase}:{step}:c{conc}-s{seqs}-w{width}"
+        key = f"{phase}:{step}:c{conc or 'inf'}-s{seqs}-w{width}"
         if fraction != 1.0:
             key += f":f{fraction:.4f}"
         return f"{self.label}/{key}" if self.label else key

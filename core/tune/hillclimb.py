@@ -5,9 +5,10 @@ best neighbour K* when it gains at least delta, or when K violates the SLO and K
 The best-so-far is taken over the current points only (as in Algorithm 1, where neighbours are candidates
 for the next move, not for the answer). No restarts; the caller re-measures the best once at the end.
 
-Simulator variant (sec. II-B, end of "implementation"): the current point's p99 that the move rule sees
-is an exponential moving average over the trajectory, p_hat(t) = beta * p99(t) + (1 - beta) * p_hat(t-1),
-which damps a spike in one segment; the violation term is weighted 10 x lambda (see score.py). The
+Simulator variant (sec. II-B, end of "implementation"): the p99 the move rule sees is an exponential
+moving average over the trajectory, p_hat(t) = beta * p99(t) + (1 - beta) * p_hat(t-1), which damps a
+spike in one segment; the current point and every neighbour are smoothed with the same p_hat(t-1), so
+the rule compares them the same way. The violation term is weighted 10 x lambda (see score.py). The
 best-so-far compares configurations by their own measured score, not the smoothed one: the average mixes
 in the previous configuration's p99 and would otherwise under-rate the point the controller just found.
 """
@@ -90,18 +91,28 @@ def move_decision(
 
 
 class Trajectory:
-    """Smoothing of the current point's p99 across steps (simulator variant only)."""
+    """Smoothing of p99 across steps (simulator variant only). The current point and each neighbour are
+    smoothed alike: both blend their own p99 with the estimate carried from the previous step, so the move
+    rule compares like with like (a neighbour's raw p99 against the current point's average would show a
+    "gain" for a step that changes nothing)."""
 
     def __init__(self, beta: float, enabled: bool) -> None:
         self.beta = beta
         self.enabled = enabled
-        self.ema: float | None = None
+        self.ema: float | None = None  # p_hat(t - 1)
+
+    def blend(self, p99_s: float) -> float:
+        """beta * p99 + (1 - beta) * p_hat(t - 1): what the estimate would be at this point."""
+        if not self.enabled or not math.isfinite(p99_s) or self.ema is None:
+            return p99_s
+        return self.beta * p99_s + (1 - self.beta) * self.ema
 
     def observe(self, p99_s: float) -> float:
-        if not self.enabled or not math.isfinite(p99_s):
-            return p99_s
-        self.ema = p99_s if self.ema is None else self.beta * p99_s + (1 - self.beta) * self.ema
-        return self.ema
+        """The current point's measurement: advance the estimate."""
+        smoothed = self.blend(p99_s)
+        if self.enabled and math.isfinite(p99_s):
+            self.ema = smoothed
+        return smoothed
 
 
 async def hill_climb(
@@ -123,17 +134,22 @@ async def hill_climb(
     try:
         for step in range(1, steps + 1):
             current = await evaluator.evaluate(point, phase="search", step=step)
+            neighbours = [(n, await evaluator.evaluate(n, phase="search", step=step)) for n in space.neighbours(point)]
+            # Neighbours are smoothed with the estimate the current point starts this step from.
+            scored = [(n, _smoothed_score(evaluator, smoothing, seg)) for n, seg in neighbours]
             p99_used = smoothing.observe(current.p99_s)
             score_used = evaluator.score_of(point, current.goodput_rps, p99_used) if current.ok else -math.inf
             if result.best is None or current.score > best_score:
                 best_score, result.best = current.score, current
             best_neighbour: Point | None = None
             best_neighbour_score = -math.inf
-            for neighbour in space.neighbours(point):
-                measured = await evaluator.evaluate(neighbour, phase="search", step=step)
-                if measured.score > best_neighbour_score:  # strict: ties keep the earlier, fixed-order one
-                    best_neighbour, best_neighbour_score = neighbour, measured.score
+            for neighbour, neighbour_score in scored:
+                if neighbour_score > best_neighbour_score:  # strict: ties keep the earlier, fixed-order one
+                    best_neighbour, best_neighbour_score = neighbour, neighbour_score
             moved, reason = move_decision(score_used, best_neighbour_score, p99_used, slo_s, spec.min_gain)
+            # Neighbours never share the current configuration (KnobSpace.neighbours), so a move changes what
+            # runs; the check keeps a step that would not from ever reading as a move.
+            moved = moved and best_neighbour is not None and best_neighbour.config_key != point.config_key
             record = StepRecord(
                 step, point, current, p99_used, score_used, best_neighbour, best_neighbour_score, moved, reason
             )
@@ -147,6 +163,12 @@ async def hill_climb(
         result.stopped_by = "segments"
     result.candidates = ranked(evaluator.history)
     return result
+
+
+def _smoothed_score(evaluator: Evaluator, smoothing: Trajectory, segment: Segment) -> float:
+    if not segment.ok:
+        return -math.inf
+    return evaluator.score_of(segment.point, segment.goodput_rps, smoothing.blend(segment.p99_s))
 
 
 def ranked(segments: list[Segment]) -> list[Segment]:

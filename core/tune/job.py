@@ -21,7 +21,7 @@ from core.backends.base import Backend
 from core.events import EventSink, make_event
 from core.profile import ClosedLoopArrival, Profile, ProfileError, TunerSpec, load_calibration, profile_hash
 from core.tune.evaluator import Evaluator
-from core.tune.guided import verify_live
+from core.tune.guided import guided_search, verify_live
 from core.tune.hillclimb import SearchResult, hill_climb, ranked
 from core.tune.journal import Journal
 from core.tune.knobspace import KnobSpace, Point
@@ -29,7 +29,7 @@ from core.tune.score import Segment
 from core.tune.search import simrank_climb, successive_halving
 from core.tune.segment import LiveSegmentRunner, SegmentRunner, SimSegmentRunner, TuneInterrupted
 
-DEFAULT_CONCURRENCY = 8  # K0's concurrency when neither the knobs nor a closed-loop workload give one
+GUIDED_BUDGET = 16  # the guided search's target-world segments when the profile sets no budget
 SEGMENTS_PER_STEP = 8  # the paper's accounting: the current point and up to 7 neighbours
 
 
@@ -48,8 +48,10 @@ class TuneResult:
     sim_search: SearchResult | None  # guided: the search on the simulator
     segments_used: int  # in the target world (live segments for --backend vllm), final included
     segments_resumed: int
-    sim_segments: int  # guided: segments spent on the simulator
+    sim_segments: int  # guided: segments spent on the simulator (guide and ranker)
     wall_s: float
+    sim_wall_s: float = 0.0  # wall time of those simulator segments
+    guide_segments: int = 0  # guided (live flag): the simulator search's own segments
     interrupted: bool = False
     journal_path: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -59,7 +61,7 @@ class TuneResult:
         """Guided only: segments the same search would have measured live, minus those actually measured."""
         if not self.guided:
             return None
-        return self.sim_segments + 1 - self.segments_used  # +1: that search would also re-measure its best
+        return self.guide_segments + 1 - self.segments_used  # +1: that search would also re-measure its best
 
     @property
     def tuned(self) -> Segment | None:
@@ -75,13 +77,21 @@ class TuneResult:
 
 
 def default_budget(spec: TunerSpec) -> int:
-    return spec.segment_budget if spec.segment_budget is not None else spec.steps * SEGMENTS_PER_STEP + 1
+    """Segments in the target world, the final re-measurement included."""
+    if spec.segment_budget is not None:
+        return spec.segment_budget
+    if spec.algorithm == "guided":
+        return GUIDED_BUDGET
+    return spec.steps * SEGMENTS_PER_STEP + 1
 
 
-def _start_point(profile: Profile, space: KnobSpace) -> Point:
+def knob_space(profile: Profile, spec: TunerSpec) -> tuple[KnobSpace, Point]:
+    """The space to search and its start, the profile's knobs as given. For an open-loop workload the
+    concurrency knob is an in-flight cap, and no cap (the profile's default) is one of its values."""
     arrival = profile.workload.arrival
-    fallback = arrival.clients if isinstance(arrival, ClosedLoopArrival) else DEFAULT_CONCURRENCY
-    return space.start_point(profile.knobs, fallback)
+    closed = isinstance(arrival, ClosedLoopArrival)
+    space = KnobSpace(spec, open_loop=not closed)
+    return space, space.start_point(profile.knobs, arrival.clients if closed else None)
 
 
 async def _search(
@@ -99,7 +109,7 @@ async def _search(
         return await successive_halving(evaluator, space, start, sink=sink)
     if algorithm == "simrank":
         return await simrank_climb(evaluator, ranker, space, start, sink=sink)
-    raise ProfileError(f"tuner.algorithm {algorithm!r}: unknown; use hillclimb, halving or simrank")
+    raise ProfileError(f"tuner.algorithm {algorithm!r}: unknown; use guided, hillclimb, halving or simrank")
 
 
 async def run_tune(
@@ -124,8 +134,7 @@ async def run_tune(
         raise ProfileError(f"--backend {backend_kind}: --job tune restarts the server per segment; use sim or vllm")
     seed = profile.seed if seed is None else seed
     slo_s = profile.slo.e2e_s
-    space = KnobSpace(spec)
-    start = _start_point(profile, space)
+    space, start = knob_space(profile, spec)
     sim_runner = SimSegmentRunner(profile, load_calibration(profile), spec)
     target_runner: SegmentRunner
     if backend_kind == "sim":
@@ -211,6 +220,8 @@ async def run_tune(
                 search.stopped_by = refined.stopped_by
                 search.best = target.best()
                 search.candidates = refined.candidates
+        elif algorithm == "guided":
+            search = await guided_search(target, guide, space, start, sink=sink)
         else:
             search = await _search(algorithm, target, ranker, space, start, spec, sink)
         if search.best is not None and search.best.ok:
@@ -239,7 +250,9 @@ async def run_tune(
         sim_search=sim_search,
         segments_used=target.used,
         segments_resumed=target.resumed,
-        sim_segments=guide.used,
+        sim_segments=guide.used + ranker.used,
+        guide_segments=guide.used,
+        sim_wall_s=sum(seg.wall_s for seg in guide.history + ranker.history),
         wall_s=time.perf_counter() - wall_start,
         interrupted=interrupted,
         journal_path=journal_path,
@@ -277,6 +290,7 @@ def tune_summary_event(result: TuneResult) -> dict[str, Any]:
         segments_used=result.segments_used,
         segments_resumed=result.segments_resumed,
         sim_segments=result.sim_segments,
+        sim_wall_s=result.sim_wall_s,
         live_segments_saved=result.live_segments_saved,
         steps=len(result.search.steps) if result.search is not None else 0,
         stopped_by=result.search.stopped_by if result.search is not None else None,

@@ -20,9 +20,11 @@ FAILED_SCORE = -math.inf
 
 
 def hw_cost(point: Point, spec: TunerSpec) -> float:
-    """Eq. 2: a resource-intensity proxy, linear in the three numeric knobs."""
+    """Eq. 2: a resource-intensity proxy, linear in the three numeric knobs. An open-loop point without an
+    in-flight cap is charged the largest cap the space has (it lets at least that many in flight)."""
+    concurrency = spec.concurrency_bounds[1] if point.unlimited else point.concurrency
     return (
-        spec.hw_weight_concurrency * point.concurrency
+        spec.hw_weight_concurrency * concurrency
         + spec.hw_weight_max_num_seqs * point.max_num_seqs
         + spec.hw_weight_spec_width * point.effective_width
     )

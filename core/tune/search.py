@@ -44,10 +44,10 @@ def _levels(values: list[int], count: int) -> list[int]:
 
 def coarse_candidates(space: KnobSpace, start: Point, levels: int) -> list[Point]:
     """A grid of `levels` values per numeric knob over the reachable space, speculation off or at the
-    reachable middle width, best-first by a prior: without speculation before with it, and more parallel
-    (concurrency x batch) before less, since goodput rises with parallelism up to the knee (paper 000
-    sec. II-C, the concurrency and batch ablations). A small budget cuts the tail of this list. Values are
-    ones the neighbour rule can reach, so the local climb that follows moves on the same lattice."""
+    reachable middle width, nearest to the start first (in neighbour steps): the only prior is the user's
+    own configuration, nothing about where the optimum lies. A small budget cuts the far end of this list.
+    Values are ones the neighbour rule can reach, so the local climb that follows moves on the same
+    lattice."""
     configs = space.distinct_configs(start)
     concs = _levels(sorted({p.concurrency for p in configs}), levels)
     seqs = _levels(sorted({p.max_num_seqs for p in configs}), levels)
@@ -55,14 +55,13 @@ def coarse_candidates(space: KnobSpace, start: Point, levels: int) -> list[Point
     spec_points: list[tuple[int, bool]] = [(start.spec_width, False)]
     if widths:
         spec_points.append((widths[len(widths) // 2], True))
+    grid = [Point(conc, seq, width, on) for width, on in spec_points for conc in concs for seq in seqs]
     candidates: list[Point] = []
     seen = {start.config_key}
-    for width, on in spec_points:
-        grid = [Point(conc, seq, width, on) for conc in concs for seq in seqs]
-        for point in sorted(grid, key=lambda p: (-p.concurrency * p.max_num_seqs, -p.concurrency)):
-            if point.config_key not in seen:
-                seen.add(point.config_key)
-                candidates.append(point)
+    for point in sorted(grid, key=lambda p: (space.steps_between(start, p), p)):
+        if point.config_key not in seen:
+            seen.add(point.config_key)
+            candidates.append(point)
     return candidates
 
 

@@ -7,7 +7,8 @@ speculation flags cannot be changed on a running server. On the simulator a segm
 both a minimum duration and a minimum number of measured requests, which tames its variance.
 
 The client concurrency knob is the number of closed-loop clients (the paper's setting: a client sends
-its next request when the previous one ends), or the in-flight cap of an open-loop workload.
+its next request when the previous one ends), or the in-flight cap of an open-loop workload (none when
+the point is `UNLIMITED`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ def _plan_for(profile: Profile, point: Point, *, seed: int, requests: int, durat
     tuned = profile.model_copy(update={"knobs": point.to_knobs(profile.knobs)})
     plan = build_load_plan(tuned, seed=seed, requests=requests, duration_s=duration_s)
     # Closed loop: the number of clients is the concurrency knob (build_load_plan takes it from the workload).
-    plan.concurrency = point.concurrency
+    # Open loop: the in-flight cap, None for no cap.
+    plan.concurrency = None if point.unlimited else point.concurrency
     return plan
 
 
