@@ -32,6 +32,7 @@ from console.screens.help import HelpScreen
 from console.screens.main import TABS, MainScreen
 from console.session import Session
 from console.widgets.format import knobs_text
+from console.widgets.modes import ModeChosen
 from console.widgets.process import KnobEditor, KnobsInvalid, ProcessView
 from core.backends.base import Backend, BackendUnavailable
 from core.backends.load_thread import LoadThread
@@ -70,6 +71,7 @@ class ConsoleConfig:
     progress_every: int = CONSOLE_PROGRESS_EVERY
     backend_factory: BackendFactory | None = None  # tests inject a backend; None builds the asked-for one
     tuner_spec: TunerSpec | None = None  # None: the profile's tuner section (the paper's values by default)
+    mode: str | None = None  # scheduling mode (--mode); None: the profile's
 
 
 class SloConsoleApp(App[int]):
@@ -87,6 +89,7 @@ class SloConsoleApp(App[int]):
         Binding("2", "show_tab('tuner')", "Tuner"),
         Binding("3", "show_tab('process')", "Process"),
         Binding("4", "show_tab('modes')", "Modes"),
+        Binding("c", "compare", "Compare modes"),
         Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
         # ctrl+q quits from anywhere, even from a focused input that takes the plain q.
@@ -97,6 +100,8 @@ class SloConsoleApp(App[int]):
         super().__init__()
         self.config = config
         self.profile = config.profile
+        if config.mode is not None:
+            self.profile = self.profile.model_copy(update={"mode": config.mode})
         slo = self.profile.slo
         self.session = Session(
             profile_name=self.profile.name,
@@ -106,6 +111,7 @@ class SloConsoleApp(App[int]):
             slo_tpot_s=slo.tpot_s if slo else None,
             knobs=self.profile.knobs.model_dump(),
             speed=config.speed,
+            scheduling_mode=self.profile.mode,
         )
         self.backend: Backend | None = None
         self.last_result: RunResult | None = None
@@ -146,7 +152,12 @@ class SloConsoleApp(App[int]):
         if self.config.backend == "vllm":
             from core.backends.vllm import VllmBackend
 
-            return VllmBackend.from_profile(self.profile, on_state=self._server_state_from_thread)
+            server = VllmBackend.from_profile(self.profile, on_state=self._server_state_from_thread)
+            if self.profile.mode == "fcfs":
+                return server
+            from core.backends.gateway import GatewayBackend
+
+            return GatewayBackend(server, self.profile, self.profile.mode)  # type: ignore[return-value]
         from core.backends.factory import make_backend
 
         return make_backend(
@@ -442,6 +453,98 @@ class SloConsoleApp(App[int]):
         self.action_show_tab("tuner")
         self._tune_job()
 
+    # ------------------------------------------------------------ scheduling modes (the Modes tab)
+
+    def on_mode_chosen(self, message: ModeChosen) -> None:
+        self.switch_mode(message.mode)
+
+    def switch_mode(self, name: str) -> None:
+        """Simulator: rerun in mode `name`. Live: the gateway in front of the server swaps its policy (it is
+        put in front of the running server if there was none); the server is not restarted."""
+        previous = self.profile.mode
+        self.profile = self.profile.model_copy(update={"mode": name})
+        self.session.scheduling_mode = name
+        if self.config.backend == "sim" or self.config.backend_factory is not None:
+            self._rerun_in_mode()
+            return
+        from core.backends.gateway import GatewayBackend
+
+        if isinstance(self.backend, GatewayBackend):
+            self._swap_gateway_mode(self.backend, name, previous)
+            return
+        if self.backend is not None:
+            self.backend = GatewayBackend(self.backend, self.profile, name)  # type: ignore[assignment]
+            note = "the admission gateway goes in front of the running server from the next run"
+        else:
+            note = "the next run starts with it"
+        self.post_message(SessionChanged())
+        self.notify(f"{note}; the server keeps running.", title=f"Mode: {name}")
+
+    def _swap_gateway_mode(self, backend: Any, name: str, previous: str) -> None:
+        ui_loop = asyncio.get_running_loop()
+
+        def done(exc: BaseException | None) -> None:  # runs on the gateway's loop: hop back without blocking
+            ui_loop.call_soon_threadsafe(self._gateway_mode_swapped, name, previous, exc)
+
+        backend.swap_mode(name, done)
+
+    def _gateway_mode_swapped(self, name: str, previous: str, exc: BaseException | None) -> None:
+        if exc is not None:  # ProfileError (a mode this profile cannot build) or a closed gateway
+            self.profile = self.profile.model_copy(update={"mode": previous})
+            self.session.scheduling_mode = previous
+            self.post_message(SessionChanged())
+            self.notify_error(f"Mode {name} not switched", exc, None)
+            return
+        self.post_message(SessionChanged())
+        note = "the gateway swapped its policy; held requests were offered to the new mode"
+        self.notify(f"{note}; the server keeps running.", title=f"Mode: {name}")
+
+    @work(group="run", exclusive=True, exit_on_error=False, description="rerun in another mode")
+    async def _rerun_in_mode(self) -> None:
+        await self._stop_run_task()
+        if self.backend is not None:
+            await self.backend.close()
+            self.backend = None
+        self.start_run()
+
+    def action_compare(self) -> None:
+        self.action_show_tab("modes")
+        self.session.compare_state = "running"
+        self.post_message(SessionChanged())
+        self._compare_job(self.profile, self._generation)
+
+    @work(thread=True, group="compare", exclusive=True, exit_on_error=False, description="compare modes")
+    def _compare_job(self, profile: Profile, generation: int) -> None:
+        # A thread with its own event loop: the simulator runs flat out and must not stall the UI.
+        from core.compare import compare_summary_event, run_compare
+
+        def sink(event: Event) -> None:
+            self.call_from_thread(self._fold_compare_event, event)
+
+        try:
+            result = asyncio.run(
+                run_compare(
+                    profile,
+                    seed=self.config.seed,
+                    requests=self.config.requests,
+                    duration_s=self.config.duration_s,
+                    sink=sink,
+                )
+            )
+        except Exception as exc:
+            self.call_from_thread(self._compare_failed, exc)
+            return
+        sink(compare_summary_event(result))
+
+    def _fold_compare_event(self, event: Event) -> None:
+        self.session.apply(event, wall_s=time.monotonic())
+        self.post_message(SessionChanged())
+
+    def _compare_failed(self, exc: BaseException) -> None:
+        self.session.compare_state = "failed"
+        self.post_message(SessionChanged())
+        self.notify_error("The compare job failed", exc, "`slo-console --batch --job compare` prints the same")
+
     def action_show_tab(self, tab: str) -> None:
         if tab in TABS:
             with contextlib.suppress(RuntimeError, NoMatches):
@@ -496,16 +599,16 @@ class SloConsoleApp(App[int]):
         self._closed = True
         self._generation += 1  # late events of the stopped run are not drawn
         await self._stop_run_task()
-        self.load_thread.close()
         backend = self.backend
-        if backend is None:
-            return
-        if self.config.backend == "vllm":
-            self.notify("Stopping vLLM…", title="Quit", timeout=BACKEND_CLOSE_TIMEOUT_S)
-        try:
-            await asyncio.wait_for(backend.close(), BACKEND_CLOSE_TIMEOUT_S)
-        except Exception as exc:  # still exit; the process module's atexit hook is the last resort
-            self.notify_error("Closing the backend failed", exc, None)
+        if backend is not None:
+            if self.config.backend == "vllm":
+                self.notify("Stopping vLLM…", title="Quit", timeout=BACKEND_CLOSE_TIMEOUT_S)
+            try:
+                # Before the load thread stops: an admission gateway serves on that thread's loop.
+                await asyncio.wait_for(backend.close(), BACKEND_CLOSE_TIMEOUT_S)
+            except Exception as exc:  # still exit; the process module's atexit hook is the last resort
+                self.notify_error("Closing the backend failed", exc, None)
+        self.load_thread.close()
 
     # ------------------------------------------------------------ feel
 
@@ -556,12 +659,18 @@ def create_app(
     progress_every: int = CONSOLE_PROGRESS_EVERY,
     backend_factory: BackendFactory | None = None,
     tuner_spec: TunerSpec | None = None,
+    mode: str | None = None,
 ) -> SloConsoleApp:
     """Build the console. Raises ProfileError (one line: file, field, fix) for a bad profile.
 
     `speed`: the simulator's pace against wall time; None, 0 or inf runs it flat out.
     """
     loaded = profile if isinstance(profile, Profile) else load_profile(profile)
+    if mode is not None:
+        from core.control.modes import MODES
+
+        if mode not in MODES:
+            raise ProfileError(f"--mode {mode}: not available; choose one of: {', '.join(MODES)}")
     if speed is not None and (speed <= 0 or speed == float("inf")):
         speed = None
     return SloConsoleApp(
@@ -579,6 +688,7 @@ def create_app(
             progress_every=progress_every,
             backend_factory=backend_factory,
             tuner_spec=tuner_spec,
+            mode=mode,
         )
     )
 
@@ -599,6 +709,7 @@ def run_app(args: argparse.Namespace) -> int:
             out=args.out,
             speed=args.speed,
             command_line=["slo-console", *sys.argv[1:]],
+            mode=getattr(args, "mode", None),
         )
     except ProfileError as exc:
         print(f"slo-console: {exc}", file=sys.stderr)

@@ -17,10 +17,20 @@ from core.events import Event, to_json_line
 HISTORY_POINTS = 1500  # points kept per time series (a long run scrolls; plots stay cheap)
 RECENT_EVENTS = 60  # event lines kept for the process tab's feed (the batch runner's JSON Lines)
 
-# What the operator reads as the scheduling mode. vLLM's own scheduler is first-come first-served; the
-# SABER / AdaServe / SLOs-Serve policies come with the scheduling-modes capability.
 SEGMENTS_PER_TUNE_STEP = 8  # the hill-climb's accounting: the current point and up to 7 neighbours
+# What the operator reads as the scheduling mode (core/control/modes.py). fcfs is vLLM's own scheduler.
 MODE_LABELS = {"fcfs": "fcfs (vLLM default)", "priority": "priority (vLLM)"}
+# The figures the Modes tab compares, per mode (the fields of a `compare_row` event, or a run's summary).
+MODE_ROW_FIELDS = (
+    "slo_attainment",
+    "goodput_rps",
+    "token_goodput_tps",
+    "p99_s",
+    "cv_completion_over_slo",
+    "rejected",
+    "deferred",
+    "max_num_seqs",
+)
 
 
 def mode_label(policy: str | None) -> str:
@@ -147,6 +157,11 @@ class Session:
     tune: TuneState = field(default_factory=TuneState)
     series: dict[str, Series] = field(default_factory=dict)
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
+    scheduling_mode: str = "fcfs"  # the controller's mode (core/control/modes.py) the next run uses
+    # The Modes tab's table: mode -> figures, with "source" saying where they came from ("compare": the
+    # compare job on identical seeded arrivals; "run": this console's last finished run in that mode).
+    mode_rows: dict[str, dict[str, Any]] = field(default_factory=dict)
+    compare_state: str = "idle"  # idle, running, finished, failed
 
     SERIES = (*WINDOW_SERIES, *ENGINE_SERIES)
 
@@ -155,7 +170,10 @@ class Session:
 
     @property
     def mode(self) -> str:
-        return mode_label(self.knobs.get("scheduling_policy"))
+        label = mode_label(self.scheduling_mode)
+        if self.knobs.get("scheduling_policy") == "priority":
+            label += " · vLLM priority scheduling"
+        return label
 
     def reset_run(self) -> None:
         """Forget the previous run's numbers (a restart with new knobs starts a fresh picture)."""
@@ -184,6 +202,9 @@ class Session:
             self.version += 1
 
     def _on_start(self, event: Event, wall_s: float | None) -> None:
+        if event.get("job") == "compare":
+            self.compare_state = "running"
+            return
         if event.get("job") == "tune":
             self._on_tune_start(event, wall_s)
             return
@@ -221,8 +242,29 @@ class Session:
             self.energy_basis = "modelled" if self.is_simulator else "measured"
 
     def _on_summary(self, event: Event, wall_s: float | None) -> None:
+        if event.get("job") == "compare":
+            for name, fields in (event.get("modes") or {}).items():
+                self._set_mode_row(name, fields, "compare")
+            self.compare_state = "stopped" if event.get("interrupted") else "finished"
+            return
         self.summary = dict(event)
         self.run_state = "stopped" if event.get("interrupted") else "finished"
+        if not event.get("interrupted"):
+            counts = event.get("failed_by_status") or {}
+            fields = {**event, "rejected": counts.get("rejected", 0), "deferred": counts.get("deferred", 0)}
+            fields["max_num_seqs"] = self.knobs.get("max_num_seqs")
+            self._set_mode_row(self.scheduling_mode, fields, "run")
+
+    def _on_compare_row(self, event: Event, wall_s: float | None) -> None:
+        if "skipped" in event:
+            self.mode_rows[str(event.get("mode"))] = {"source": "compare", "skipped": event["skipped"]}
+        else:
+            self._set_mode_row(str(event.get("mode")), event, "compare")
+
+    def _set_mode_row(self, mode: str, fields: dict[str, Any], source: str) -> None:
+        row = {name: fields.get(name) for name in MODE_ROW_FIELDS}
+        row["source"] = source
+        self.mode_rows[mode] = row
 
     def _on_tune_start(self, event: Event, wall_s: float | None) -> None:
         self.tune.reset()

@@ -20,10 +20,13 @@ from console.app import SloConsoleApp, create_app, run_app
 from console.messages import SessionChanged
 from console.session import Session
 from console.widgets.kpi import KpiTile
+from core.backends.gateway import GatewayBackend
 from core.backends.sim import SimBackend
+from core.control.modes import MODES
 from core.events import make_event
 from core.jobs import summary_event
 from core.profile import Profile, TunerSpec, load_calibration, load_profile
+from tests.fakeserver import FakeOpenAIServer, StreamReply
 
 REPO = Path(__file__).resolve().parent.parent
 SIZE = (160, 48)
@@ -302,7 +305,7 @@ async def test_help_screen_and_palette_commands() -> None:
         assert {"Run the workload", "Start the SLO-Tuner", "Export factsheet", "Stop the run"} <= titles
 
 
-async def test_modes_tab_shows_the_mode_in_use_and_the_place_for_the_others() -> None:
+async def test_modes_tab_lists_every_mode_with_the_last_run_of_the_one_in_use() -> None:
     app = create_app("quickstart", requests=REQUESTS, speed=None)
     async with app.run_test(size=SIZE) as pilot:
         await wait_until(pilot, lambda: app.session.run_state == "finished")
@@ -312,9 +315,36 @@ async def test_modes_tab_shows_the_mode_in_use_and_the_place_for_the_others() ->
         assert "fcfs (vLLM default)" in str(screen.query_one("#mode-current").render())
         table = screen.query_one("#modes-table", DataTable)
         rows = [table.get_row_at(i) for i in range(table.row_count)]
-        assert [row[0] for row in rows] == ["fcfs (vLLM default)", "SABER", "AdaServe", "SLOs-Serve"]
-        assert rows[0][3] == f"{app.last_result.summary.p99_s:.3f}"
-        assert all("planned" in row[2] for row in rows[1:])
+        assert [row[0] for row in rows] == list(MODES)
+        assert rows[0][2] == "in use · last run"
+        summary = app.last_result.summary
+        assert rows[0][3] == f"{100 * summary.slo_attainment:.1f}" and rows[0][5] == f"{summary.p99_s:.3f}"
+
+
+async def test_switching_mode_on_a_live_server_puts_the_gateway_in_front_and_then_swaps_its_policy() -> None:
+    async with FakeOpenAIServer(StreamReply(), tokens_per_word=1) as fake:
+        app = create_app("quickstart", "url", url=fake.base_url, requests=6, autostart=False)
+        async with app.run_test(size=SIZE) as pilot:
+            app.start_run()
+            await wait_until(pilot, lambda: app.session.run_state == "finished")
+            assert not isinstance(app.backend, GatewayBackend) and len(fake.bodies) == 6
+            await pilot.press("4")
+            await pilot.pause(0.1)
+            app.get_screen_main().query_one("#modes-table", DataTable).focus()
+            await pilot.press("enter")  # the cursor is on fcfs: choosing a mode on a live server means the gateway
+            await pilot.pause(0.1)
+            backend = app.backend
+            assert isinstance(backend, GatewayBackend) and backend.mode == "fcfs"
+            app.start_run()
+            await wait_until(pilot, lambda: app.session.run_state == "finished" and backend.gateway is not None)
+            await wait_until(pilot, lambda: app.session.summary is not None)
+            gateway = backend.gateway
+            assert gateway is not None and gateway.stats.completed == 6 and len(fake.bodies) == 12
+            app.switch_mode("fcfs")  # the running gateway swaps its policy (on its own loop); nothing restarts
+            await wait_until(pilot, lambda: gateway.stats.policy_swaps == 1)
+            assert app.backend is backend and backend.gateway is gateway
+            await pilot.press("q")  # quits: the gateway stops on its loop before the load thread does
+        assert backend.gateway is None
 
 
 # ---------------------------------------------------------------- quit

@@ -102,10 +102,12 @@ async def test_open_loop_sends_on_schedule_and_reports_the_error() -> None:
         received = np.asarray(server.received_at)
 
     assert [r.status for r in outcome.records] == [Status.OK] * 20
-    # Nothing is sent early: the server saw the 20 requests spread over at least the scheduled 0.57 s. (How
-    # late a client on a busy 2-core machine runs is what the schedule error measures, not a test verdict.)
-    assert received[-1] - received[0] >= 19 * 0.03 - 0.005
     lateness = np.asarray([r.sent_s - r.scheduled_s for r in outcome.records])
+    # Nothing is sent early: the server saw the 20 requests spread over the scheduled 0.57 s, less however
+    # late the first one left (the client's own figure) and 20 ms for one connection set up slower than
+    # another on a busy machine; a client sending early would bunch them far closer. (How late a client on
+    # a busy 2-core machine runs is what the schedule error measures, not a test verdict.)
+    assert received[-1] - received[0] >= 19 * 0.03 - lateness[0] - 0.020
     assert np.all(lateness >= 0)
     error = outcome.notes["schedule_error_s"]
     assert set(error) == {"p50", "p99", "max"}

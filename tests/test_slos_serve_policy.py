@@ -48,7 +48,7 @@ def _burst(policy, views, n: int, at: float = 0.0, first_id: int = 0):
         assert verdict.action == "hold" and verdict.tier == TIER_HIGH
         held.append(req)
     # schedule_batch (16) arrivals waiting invoke the scheduler at once; the rest wait for the window.
-    releases = policy.release(at, views) + policy.release(at + policy.settings.schedule_window_s, views)
+    releases = policy.release(at, views) + policy.release(at + 0.02 * 0.338, views)  # the window for 0.338 s TTFT
     for rel in releases:
         rel.request.replica = rel.replica
         views[rel.replica].in_flight[rel.request.request_id] = rel.request
@@ -60,9 +60,10 @@ def test_scheduler_waits_for_its_window_or_batch():
     views = [FakeReplica(0)]
     for i in range(3):
         assert policy.on_arrival(_request(i, 0.0), 0.0, views).action == "hold"
-    assert policy.next_wakeup(0.0) == pytest.approx(0.01)
+    # The 10 ms window, shortened to a fiftieth of the 0.338 s TTFT SLO.
+    assert policy.next_wakeup(0.0) == pytest.approx(0.02 * 0.338)
     assert policy.release(0.005, views) == []
-    assert len(policy.release(0.01, views)) == 3
+    assert len(policy.release(0.00676, views)) == 3
 
 
 def test_registered_as_a_mode():

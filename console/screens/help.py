@@ -19,6 +19,7 @@ HELP = """\
 | `s` | stop the run (keeps what it measured) |
 | `t` | start the SLO-Tuner on this profile and backend |
 | `f` | export a factsheet (JSON and Markdown) of the last run |
+| `c` | compare every scheduling mode on the same seeded arrivals (simulator; Modes tab) |
 | `1` `2` `3` `4` | monitor, tuner, process, modes |
 | `ctrl+p` | command palette: every action by name |
 | `?` / `f1` | this help |
@@ -34,8 +35,10 @@ moved and why. Baseline is the first point, best is the highest score so far.
 **Process.** vLLM's state (starting, ready, crashed, stopped), its command line and log tail; edit knobs
 and restart. On the simulator the "process" is the embedded simulator: a knob edit restarts the simulated run.
 
-**Modes.** The scheduling mode in use (fcfs, vLLM's default). SABER, AdaServe and SLOs-Serve arrive with
-the scheduling-modes capability.
+**Modes.** The scheduling mode in use and one row per mode. Enter on a row switches the mode: the simulator
+reruns the workload in it; on a live server the admission gateway in front of vLLM swaps its policy and vLLM
+keeps running. `c` runs the compare job (every mode on the same seeded arrivals, on the simulator): SLO
+attainment, goodput, p99, CV of completion/SLA, rejected and deferred per mode.
 
 ## Metrics
 - **e2e latency** = last token time − send time; **TTFT** = first token − send; **TPOT** = (e2e − TTFT) / (tokens − 1).

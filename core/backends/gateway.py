@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +59,11 @@ class GatewayBackend:
 
     # ------------------------------------------------------------ lifecycle
 
+    async def stop(self) -> None:
+        """Stop the managed server (the console's Stop button); the gateway follows it on the next start."""
+        if hasattr(self.inner, "stop"):
+            await self.inner.stop()
+
     async def _upstream(self) -> tuple[str, str | None]:
         """The served server's base URL and model, starting a managed vLLM if it is not running."""
         if hasattr(self.inner, "server"):  # VllmBackend
@@ -68,7 +73,19 @@ class GatewayBackend:
         await self.inner.probe()
         return self.inner.base_url, self.inner.model
 
-    async def start(self) -> Gateway:
+    @property
+    def server(self) -> Any:
+        """The managed vLLM (VllmServer) when there is one, for the console's process tab."""
+        return getattr(self.inner, "server", None)
+
+    @property
+    def knobs(self) -> Any:
+        return getattr(self.inner, "knobs", None)
+
+    async def start(self, knobs: Any = None) -> Gateway:
+        """Start the managed server (with `knobs` if given) and the gateway in front of it."""
+        if knobs is not None and hasattr(self.inner, "server"):
+            await self.inner.start(knobs)
         upstream, model = await self._upstream()
         if self.gateway is not None and self.gateway.upstreams[0].url != upstream.rstrip("/"):
             await self.gateway.stop()  # the managed server restarted on another port
@@ -84,11 +101,36 @@ class GatewayBackend:
             self.client = UrlBackend(self.gateway.base_url, model, slo_fields=True, **self.client_options)
         return self.gateway
 
-    def swap_mode(self, name: str) -> None:
-        """Run mode `name` from the next request on; the upstream server keeps running."""
-        self.mode = name
-        if self.gateway is not None:
-            self.gateway.swap_mode(name)
+    def swap_mode(self, name: str, done: Callable[[BaseException | None], None] | None = None) -> None:
+        """Run mode `name` from now on; the upstream server keeps running.
+
+        The swap runs on the gateway's own loop: at once when called there (or before the gateway started),
+        else scheduled onto it (the console's UI loop calling while live load runs on a thread of its own).
+        `done(None)` or `done(error)` follows (a ProfileError for a mode this profile cannot build); it runs
+        on the gateway's loop. Without `done`, an error raises where the swap runs."""
+
+        def swap() -> None:
+            try:
+                if self.gateway is not None:
+                    self.gateway.swap_mode(name)
+                self.mode = name
+            except Exception as exc:
+                if done is None:
+                    raise
+                done(exc)
+                return
+            if done is not None:
+                done(None)
+
+        loop = None if self.gateway is None else self.gateway.loop
+        try:
+            current = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if loop is not None and loop is not current and loop.is_running():
+            loop.call_soon_threadsafe(swap)
+        else:
+            swap()
 
     async def restart(self, knobs: Any = None) -> None:
         """Restart the managed server with new knobs (the gateway follows it to its new port)."""
@@ -96,8 +138,8 @@ class GatewayBackend:
 
     async def close(self) -> None:
         if self.gateway is not None:
-            await self.gateway.stop()
-            self.gateway = None
+            gateway, self.gateway = self.gateway, None
+            await _on_loop(gateway.loop, gateway.stop())
         await self.inner.close()
 
     def describe(self) -> dict[str, Any]:
@@ -112,6 +154,7 @@ class GatewayBackend:
         assert self.client is not None
         gateway.decisions.clear()  # keyed by the client's request ids, which restart at 0 each run
         gateway.arrivals_ended = False
+        before = gateway.stats.as_dict()
         first_send = asyncio.Event()
         watched = replace(plan, requests=_watch_first(plan.requests, first_send))
         ender = asyncio.create_task(self._end_arrivals_after(plan.duration_s, first_send))
@@ -123,10 +166,10 @@ class GatewayBackend:
                 await ender
         for record in outcome.records:
             self.reconcile(record)
-        outcome.notes["gateway"] = gateway.snapshot()
+        outcome.notes["gateway"] = _run_counters(gateway, before)
         outcome.notes["status_counts"] = _status_counts(outcome.records)
-        if hasattr(self.inner, "server") and self.inner.server.process is not None:
-            outcome.notes["vllm"] = {"argv": self.inner.server.process.argv, "knobs": self.inner.knobs.model_dump()}
+        if self.server is not None and self.server.process is not None:
+            outcome.notes["vllm"] = {"argv": self.server.process.argv, "knobs": self.inner.knobs.model_dump()}
         return outcome
 
     async def _end_arrivals_after(self, duration_s: float | None, first_send: asyncio.Event) -> None:
@@ -171,11 +214,34 @@ class _Reconciling:
             self.observer.on_engine_sample(sample)
 
 
+async def _on_loop(loop: asyncio.AbstractEventLoop | None, coroutine: Any) -> Any:
+    """Await `coroutine` on `loop` (the gateway's), from this loop or from another thread's."""
+    try:
+        current = asyncio.get_running_loop()
+    except RuntimeError:  # pragma: no cover - always called from a coroutine
+        current = None
+    if loop is None or loop is current or not loop.is_running():
+        return await coroutine
+    return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+
+
 def _watch_first(requests: Iterator[RequestSpec], first_send: asyncio.Event) -> Iterator[RequestSpec]:
     """The same requests; sets `first_send` when the client takes the first (its run clock has started)."""
     for spec in requests:
         first_send.set()
         yield spec
+
+
+def _run_counters(gateway: Gateway, before: dict[str, int]) -> dict[str, Any]:
+    """The gateway's counters for this run alone (it lives across runs), its mode and whether all add up."""
+    now = gateway.stats.as_dict()
+    counters: dict[str, Any] = {"mode": gateway.policy.name}
+    for name in ("received", "completed", "rejected", "deferred", "failed"):
+        counters[name] = now[name] - before[name]
+    counters["held"], counters["in_flight"] = now["held"], now["in_flight"]
+    ended = sum(counters[name] for name in ("completed", "rejected", "deferred", "failed"))
+    counters["accounted"] = ended + counters["held"] + counters["in_flight"] == counters["received"]
+    return counters
 
 
 def _status_counts(records: list[RequestRecord]) -> dict[str, int]:

@@ -162,7 +162,9 @@ class Gateway:
         self._timer: asyncio.TimerHandle | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._fresh: aiohttp.ClientSession | None = None  # no pooling: for the one retry of a stale connection
         self._handlers: set[asyncio.Task[Any]] = set()
+        self.loop: asyncio.AbstractEventLoop | None = None  # the loop it serves on (set by start)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -175,8 +177,10 @@ class Gateway:
 
     async def start(self) -> str:
         """Bind and serve; returns the base URL. Raises GatewayError (one line) when the port is taken."""
+        self.loop = asyncio.get_running_loop()
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, force_close=False),
+            # Idle upstream connections are dropped before uvicorn's 5 s keep-alive timeout closes them.
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0),
             timeout=aiohttp.ClientTimeout(total=self.request_timeout_s, connect=10.0),
             auto_decompress=False,
         )
@@ -223,9 +227,10 @@ class Gateway:
         if self._runner is not None:
             await self._runner.cleanup()  # cancels handlers still running (they count as failed)
             self._runner = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._fresh):
+            if session is not None:
+                await session.close()
+        self._session = self._fresh = None
         self._emit("gateway_stopped", mode=self.policy.name, **self.stats.as_dict())
 
     async def __aenter__(self) -> Gateway:
@@ -424,8 +429,10 @@ class Gateway:
         headers = {k: v for k, v in http_request.headers.items() if k.lower() not in _DROP_HEADERS}
         headers["Content-Type"] = "application/json"
         outcome, reason = "failed", "client disconnected"
+        response: web.StreamResponse | None = None
         try:
-            async with self._session.post(url, data=json.dumps(body).encode(), headers=headers) as upstream:
+            upstream = await self._post_upstream(url, json.dumps(body).encode(), headers)
+            try:
                 if stream and upstream.status == 200:
                     response = web.StreamResponse(status=200, headers=_response_headers(upstream))
                     await response.prepare(http_request)
@@ -434,29 +441,51 @@ class Gateway:
                         counter.feed(chunk)
                         request.tokens_out = counter.tokens
                         await response.write(chunk)
-                    await response.write_eof()
+                        if counter.finished and counter.error is None:
+                            # Delivered: a client that hangs up after the last event lost nothing.
+                            outcome, reason = "completed", None
                     if counter.error is not None:
                         outcome, reason = "failed", f"upstream error in stream: {counter.error}"
-                    elif counter.finished:
-                        outcome, reason = "completed", None
-                    else:
+                    elif not counter.finished:
                         outcome, reason = "failed", "upstream stream ended before [DONE] or a finish_reason"
+                    await response.write_eof()
                     return response
                 data = await upstream.read()
-                if upstream.status < 400:
-                    request.tokens_out = completion_tokens(data)
-                    outcome, reason = "completed", None
-                else:
-                    outcome, reason = "failed", f"upstream answered HTTP {upstream.status}"
-                return web.Response(status=upstream.status, body=data, headers=_response_headers(upstream))
+            finally:
+                upstream.release()
+            if upstream.status < 400:
+                request.tokens_out = completion_tokens(data)
+                outcome, reason = "completed", None
+            else:
+                outcome, reason = "failed", f"upstream answered HTTP {upstream.status}"
+            return web.Response(status=upstream.status, body=data, headers=_response_headers(upstream))
         except (aiohttp.ClientError, TimeoutError) as exc:
             outcome, reason = "failed", f"upstream {self.upstreams[request.replica].url}: {type(exc).__name__}: {exc}"
+            if response is not None:  # the stream broke after it began: the client sees it end early
+                return response
             return web.json_response(error_body(ERROR_UPSTREAM, reason, 502), status=502)
-        except ConnectionResetError:
-            outcome, reason = "failed", "client disconnected during the response"
+        except (ConnectionResetError, asyncio.CancelledError):
+            if outcome != "completed":
+                outcome, reason = "failed", "client disconnected during the response"
             raise
         finally:
             self._finish(request, outcome, reason, client_id)
+
+    async def _post_upstream(self, url: str, data: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
+        """POST and wait for the status line. A pooled keep-alive connection that the server closed just as it
+        was reused fails before the server read the request; that one case is retried once on a fresh
+        connection (nothing was processed, so nothing runs twice)."""
+        assert self._session is not None
+        try:
+            return await self._session.post(url, data=data, headers=headers)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
+            if self._fresh is None:
+                self._fresh = aiohttp.ClientSession(
+                    connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                    timeout=self._session.timeout,
+                    auto_decompress=False,
+                )
+            return await self._fresh.post(url, data=data, headers=headers)
 
     # ------------------------------------------------------------------ HTTP: control and proxy
 

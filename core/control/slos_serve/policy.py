@@ -39,7 +39,7 @@ from core.profile import Calibration, KnobsSpec, SlosServeSpec
 from core.sim.perf_model import StepTimeModel
 
 PLAN_MARGIN = 0.9  # share of the TTFT SLO the plan promises the first token in
-WINDOW_SHARE_OF_TTFT = 0.1  # an arrival waits for the scheduler at most this share of its TTFT SLO
+WINDOW_SHARE_OF_TTFT = 0.02  # an arrival waits for the scheduler at most this share of its TTFT SLO
 
 
 class SlosServePolicy(Policy):
@@ -181,7 +181,7 @@ class SlosServePolicy(Policy):
     # ------------------------------------------------------------ scheduling
 
     def _wait_limit(self, req: ControlledRequest) -> float:
-        """How long an arrival may wait for the scheduler: the window, but never more than a tenth of its
+        """How long an arrival may wait for the scheduler: the window, but never more than a fiftieth of its
         TTFT SLO (a 15 ms TTFT cannot spend 10 ms waiting to be planned)."""
         return min(self.settings.schedule_window_s, WINDOW_SHARE_OF_TTFT * self.ttft_s(req))
 

