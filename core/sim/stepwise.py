@@ -88,6 +88,27 @@ def draw_accepted(rng: np.random.Generator, acceptance: float, drafted: int) -> 
     return emitted
 
 
+def plan_fcfs_prefill(replica: StepwiseReplica, batch: BatchPlan, budget: int) -> None:
+    """vLLM's chunked prefill with the `budget` tokens the decodes leave: running prefills first, then FCFS
+    admission within max_num_seqs (whole prompts only without chunked prefill)."""
+    for r in replica.prefilling:
+        if budget <= 0:
+            return
+        chunk = min(r.prompt_left, budget)
+        batch.prefill.append((r, chunk))
+        budget -= chunk
+    seqs = replica.running
+    for r in replica.waiting:
+        if budget <= 0 or seqs >= replica.max_seqs:
+            return
+        chunk = min(r.prompt_left, budget)
+        if chunk < r.prompt_left and not replica.chunked:
+            return
+        batch.prefill.append((r, chunk))
+        budget -= chunk
+        seqs += 1
+
+
 class FcfsStepPlanner:
     """vLLM's batching as a planner: every decode (verifying `width` + 1 positions), then chunked prefills,
     then FCFS admission within `max_num_seqs` and the token budget. The reference the other planners are
@@ -103,23 +124,7 @@ class FcfsStepPlanner:
         batch = BatchPlan(
             decode=[(r, verify) for r in replica.decoding], spec_steps=self.width if replica.decoding else 0
         )
-        budget = replica.token_budget - verify * len(replica.decoding)
-        for r in replica.prefilling:
-            if budget <= 0:
-                break
-            chunk = min(r.prompt_left, budget)
-            batch.prefill.append((r, chunk))
-            budget -= chunk
-        seqs = replica.running
-        for r in replica.waiting:
-            if budget <= 0 or seqs >= replica.max_seqs:
-                break
-            chunk = min(r.prompt_left, budget)
-            if chunk < r.prompt_left and not replica.chunked:
-                break
-            batch.prefill.append((r, chunk))
-            budget -= chunk
-            seqs += 1
+        plan_fcfs_prefill(replica, batch, replica.token_budget - verify * len(replica.decoding))
         return batch
 
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:

@@ -53,7 +53,7 @@ class TreePlanner:
         self._emitted: dict[StepRequest, int] = {}
 
     def plan(self, replica: StepwiseReplica, now: float) -> BatchPlan:
-        from core.sim.stepwise import BatchPlan
+        from core.sim.stepwise import BatchPlan, plan_fcfs_prefill
 
         decoding = replica.decoding
         batch = BatchPlan()
@@ -71,7 +71,7 @@ class TreePlanner:
             batch.spec_steps = decision.spec_steps if verified > len(decoding) else 0
             self._emitted = dict(zip(decoding, emitted, strict=True))
             self.scheduler.record(len(decoding), verified, sum(emitted))
-        self._plan_prefill(replica, batch, replica.token_budget - verified)
+        plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
         return batch
 
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
@@ -144,27 +144,6 @@ class TreePlanner:
                 if pending >= room:
                     return room
         return pending
-
-    @staticmethod
-    def _plan_prefill(replica: StepwiseReplica, batch: BatchPlan, budget: int) -> None:
-        """vLLM's chunked prefill with what the decodes leave of max_num_batched_tokens: running prefills
-        first, then FCFS admission within max_num_seqs."""
-        for r in replica.prefilling:
-            if budget <= 0:
-                return
-            chunk = min(r.prompt_left, budget)
-            batch.prefill.append((r, chunk))
-            budget -= chunk
-        seqs = replica.running
-        for r in replica.waiting:
-            if budget <= 0 or seqs >= replica.max_seqs:
-                return
-            chunk = min(r.prompt_left, budget)
-            if chunk < r.prompt_left and not replica.chunked:
-                return
-            batch.prefill.append((r, chunk))
-            budget -= chunk
-            seqs += 1
 
 
 class AdaServePolicy(Policy):
