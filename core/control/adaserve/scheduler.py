@@ -89,15 +89,17 @@ class AcceptanceRun:
         self.estimate_list = clip_acceptance(self.estimate).tolist()
         self.uniform_list = self.uniforms.tolist()
 
-    def full_tree_accepted(self, depth: int, width: int) -> list[int]:
-        """The draws of `accepted_draft_tokens` for the full candidate tree, for all steps at once: they use
-        the same per-step truth and uniform as the general path, so the outcome is the same."""
+    def full_tree_accepted(self, depth: int, width: int, start: int = 0) -> list[int]:
+        """The draws of `accepted_draft_tokens` for the full candidate tree, for steps `start` on at once (the
+        entries before `start` are 0: steps already taken are not asked again): they use the same per-step
+        truth and uniform as the general path, so the outcome is the same."""
         known = self.full.get((depth, width))
         if known is None:
             shape = candidate_shape(depth, width)
-            selection = full_selection(self.length, shape.size)
-            probs = path_probabilities(shape, self.truth)
-            known = self.full[(depth, width)] = accepted_draft_tokens(shape, selection, probs, self.uniforms).tolist()
+            selection = full_selection(self.length - start, shape.size)
+            probs = path_probabilities(shape, self.truth[start:])
+            drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:]).tolist()
+            known = self.full[(depth, width)] = [0] * start + drawn
         return known
 
 
