@@ -16,8 +16,9 @@ import pytest
 from aiohttp import web
 
 from core.control.concurrency_cap import ConcurrencyCapPolicy
-from core.control.gateway import Gateway, GatewayError, probe_upstreams
+from core.control.gateway import Gateway, GatewayError
 from core.control.gateway_protocol import BadGatewayRequest, SSETokenCounter, read_request_meta, slo_fields
+from core.control.gateway_upstream import probe_upstreams
 from core.control.policy import Policy
 from core.profile import ProfileError, load_profile
 from core.records import RequestSLO, RequestSpec

@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from core.control.gateway import Gateway, GatewayError, policy_factory_for, probe_upstreams
+from core.control.gateway import Gateway, GatewayError, policy_factory_for
+from core.control.gateway_upstream import probe_upstreams
 from core.events import Event, to_json_line
 from core.profile import ProfileError, load_profile
 
