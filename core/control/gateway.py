@@ -31,6 +31,7 @@ from core.control.gateway_protocol import (
     ERROR_INVALID,
     ERROR_REJECTED,
     ERROR_UPSTREAM,
+    SLO_BODY_FIELD,
     BadGatewayRequest,
     SSETokenCounter,
     completion_tokens,
@@ -63,11 +64,19 @@ class Gateway(AdmissionController):
         host: str = "127.0.0.1",
         port: int = 0,
         on_event: EventSink | None = None,
+        request_events: bool = True,
         request_timeout_s: float = 600.0,
     ) -> None:
         if not upstreams:
             raise GatewayError("the gateway needs at least one upstream URL (--upstream http://HOST:PORT)")
-        super().__init__(upstreams, policy, profile=profile, policy_factory=policy_factory, on_event=on_event)
+        super().__init__(
+            upstreams,
+            policy,
+            profile=profile,
+            policy_factory=policy_factory,
+            on_event=on_event,
+            request_events=request_events,
+        )
         self.host = host
         self.port = port
         self.request_timeout_s = request_timeout_s
@@ -145,9 +154,12 @@ class Gateway(AdmissionController):
     async def _completion(self, http_request: web.Request) -> web.StreamResponse:
         self.stats.received += 1
         try:
-            body = json.loads(await http_request.read())
+            raw = await http_request.read()
+            body = json.loads(raw)
             if not isinstance(body, dict):
                 raise BadGatewayRequest("the body must be a JSON object")
+            # Sent on as the client wrote it unless the gateway changes it (drops its own field, adds priority).
+            unchanged = SLO_BODY_FIELD not in body
             meta = read_request_meta(http_request.headers, body, self.profile)
         except (ValueError, BadGatewayRequest) as exc:
             self.stats.failed += 1
@@ -163,27 +175,32 @@ class Gateway(AdmissionController):
             return web.json_response(error_body(ERROR_REJECTED, reason or "", 429), status=429)
         if outcome == "deferred":
             return web.json_response(error_body(ERROR_DEFERRED, reason or "", 503), status=503)
-        return await self._forward(http_request, request, body, meta.stream, client_id)
+        return await self._forward(http_request, request, body, raw if unchanged else None, meta.stream, client_id)
 
     async def _forward(
         self,
         http_request: web.Request,
         request: ControlledRequest,
         body: dict[str, Any],
+        raw: bytes | None,
         stream: bool,
         client_id: str | None,
     ) -> web.StreamResponse:
+        """Send the request to its upstream (`raw`: the client's own bytes, when the body is unchanged) and
+        relay the answer, a stream chunk by chunk as it arrives."""
         assert self._client is not None and request.replica is not None
         priority = self.policy.upstream_priority(request)
         if priority is not None:
-            body = {**body, "priority": priority}
+            raw = json.dumps({**body, "priority": priority}).encode()
+        elif raw is None:
+            raw = json.dumps(body).encode()
         url = self.upstreams[request.replica].url + http_request.path_qs
         headers = request_headers(http_request.headers)
         headers["Content-Type"] = "application/json"
         outcome, reason = "failed", "client disconnected"
         response: web.StreamResponse | None = None
         try:
-            upstream = await self._client.post(url, json.dumps(body).encode(), headers)
+            upstream = await self._client.post(url, raw, headers)
             try:
                 if stream and upstream.status == 200:
                     response = web.StreamResponse(status=200, headers=response_headers(upstream))

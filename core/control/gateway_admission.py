@@ -107,12 +107,14 @@ class AdmissionController:
         profile: Profile | None = None,
         policy_factory: PolicyFactory | None = None,
         on_event: EventSink | None = None,
+        request_events: bool = True,
     ) -> None:
         self.upstreams = [Upstream(i, url.rstrip("/")) for i, url in enumerate(upstreams)]
         self.policy = policy
         self.profile = profile
         self.policy_factory = policy_factory
         self.on_event = on_event
+        self.request_events = request_events  # one `gateway_request` event per request to `on_event`
         self.stats = GatewayStats()
         self.decisions: dict[str, Decision] = {}  # by the caller's request id, when it sent one
         # After `end_arrivals()` (an embedded run's load has been sent) nothing is held any more: a hold
@@ -180,7 +182,7 @@ class AdmissionController:
             self.decisions[client_id] = Decision(
                 outcome, reason, request.tier, request.replica, request.arrival_s, request.dispatched_s
             )
-        if self.on_event is not None:
+        if self.request_events and self.on_event is not None:
             self._emit(
                 "gateway_request",
                 id=client_id,
@@ -268,6 +270,8 @@ class AdmissionController:
 
     def _pump(self) -> None:
         """Ask the policy what to release now, and when to ask again."""
+        if self.policy.passthrough and not self._held and self._timer is None:
+            return  # fcfs-like: it releases on arrival and never holds, so there is nothing to ask
         now = self.now()
         for release in self.policy.release(now, self.upstreams):
             held = self._held.get(release.request.request_id)
