@@ -143,6 +143,12 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per round")
     parser.add_argument("--tokens", type=int, default=16, help="streamed chunks per request")
     parser.add_argument("--rounds", type=int, default=2, help="direct/gateway round pairs")
+    parser.add_argument(
+        "--gateway-loop",
+        choices=("auto", "uvloop", "asyncio"),
+        default="auto",
+        help="the gateway's event loop (its --loop; auto: uvloop when installed)",
+    )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
@@ -152,13 +158,14 @@ def main() -> None:
     gateway = None
     try:
         upstream_url = f"http://127.0.0.1:{_listening_port(upstream.pid)}"
-        gateway = _spawn([sys.executable, "-m", "console", "gateway", "--upstream", upstream_url, "--port", "0"])
+        gateway_argv = ["gateway", "--upstream", upstream_url, "--port", "0", "--loop", args.gateway_loop]
+        gateway = _spawn([sys.executable, "-m", "console", *gateway_argv])
         assert gateway.stderr is not None
         line = gateway.stderr.readline()
-        match = re.search(r"serving on (http://\S+)", line)
+        match = re.search(r"serving on (http://\S+) \(mode (\S+), (\S+) loop\)", line)
         if not match:
             raise RuntimeError(f"the gateway did not start: {line.strip()}")
-        gateway_url = match.group(1)
+        gateway_url, gateway_mode, gateway_loop = match.groups()
         samples: dict[str, list[np.ndarray]] = {"direct": [], "gateway": []}
         gateway_cpu_s = 0.0
         for round_index in range(args.rounds):
@@ -170,8 +177,10 @@ def main() -> None:
         rows = {name: np.concatenate(parts) for name, parts in samples.items()}
         print(
             f"rate {args.rate:g} req/s Poisson, {args.duration:g} s x {args.rounds} rounds per path, "
-            f"{args.tokens} streamed chunks per request, {os.cpu_count()} CPUs"
+            f"{args.tokens} streamed chunks per request, {os.cpu_count()} CPUs, load average "
+            + " ".join(f"{v:.1f}" for v in os.getloadavg())
         )
+        print(f"gateway: slo-console gateway, mode {gateway_mode}, {gateway_loop} event loop")
         print(
             f"{'path':<9} {'requests':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'e2e p50 ms':>11} {'e2e p99 ms':>11}"
         )

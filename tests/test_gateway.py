@@ -120,6 +120,23 @@ def test_non_streamed_completion_and_upstream_http_error_pass_through() -> None:
     asyncio.run(scenario())
 
 
+def test_per_request_events_only_when_asked_for() -> None:
+    async def scenario(request_events: bool) -> list[str]:
+        events: list[dict[str, Any]] = []
+        async with (
+            FakeOpenAIServer(StreamReply()) as fake,
+            Gateway([fake.base_url], Policy(), on_event=events.append, request_events=request_events) as gateway,
+            aiohttp.ClientSession() as session,
+        ):
+            for _ in range(3):
+                assert (await post(session, gateway.base_url, completion()))[0] == 200
+            assert_accounted(gateway, 3)
+        return [e["event"] for e in events]
+
+    assert asyncio.run(scenario(True)) == ["gateway_started", *["gateway_request"] * 3, "gateway_stopped"]
+    assert asyncio.run(scenario(False)) == ["gateway_started", "gateway_stopped"]
+
+
 def test_cap_holds_requests_at_the_gateway_and_releases_them_as_slots_free() -> None:
     async def scenario() -> None:
         async with (

@@ -206,10 +206,19 @@ class Gateway(AdmissionController):
                     response = web.StreamResponse(status=200, headers=response_headers(upstream))
                     await response.prepare(http_request)
                     counter = SSETokenCounter()
+                    ended = False
                     async for chunk in upstream.content.iter_any():
+                        if ended:
+                            continue  # nothing follows [DONE] in an OpenAI stream; read to the end all the same
                         counter.feed(chunk)
                         request.tokens_out = counter.tokens
-                        await response.write(chunk)
+                        if counter.done and counter.at_event_boundary:
+                            # The last event: it goes out with the end of the response in one write, so the
+                            # client is done without waiting for the upstream's own end of the body.
+                            await response.write_eof(chunk)
+                            ended = True
+                        else:
+                            await response.write(chunk)
                         if counter.finished and counter.error is None:
                             # Delivered: a client that hangs up after the last event lost nothing.
                             outcome, reason = "completed", None
@@ -217,7 +226,7 @@ class Gateway(AdmissionController):
                         outcome, reason = "failed", f"upstream error in stream: {counter.error}"
                     elif not counter.finished:
                         outcome, reason = "failed", "upstream stream ended before [DONE] or a finish_reason"
-                    await response.write_eof()
+                    await response.write_eof()  # no-op when [DONE] already ended it
                     return response
                 data = await upstream.read()
             finally:

@@ -157,7 +157,8 @@ class SSETokenCounter:
 
     With vLLM's per-chunk usage (`continuous_usage_stats`) the count is the cumulative completion_tokens;
     otherwise one token per event that carries text. A closing usage chunk's total wins. `finished` is True
-    once the stream sent `[DONE]` or a finish_reason; `error` holds an in-stream error object.
+    once the stream sent `[DONE]` or a finish_reason; `done` once it sent `[DONE]`, the last event of an
+    OpenAI stream; `error` holds an in-stream error object.
 
     Events are scanned as bytes (`scan_event`), not parsed: the gateway relays every chunk of every stream,
     and JSON-decoding each one cost more than all its other per-chunk work. An event that is not a JSON
@@ -169,7 +170,13 @@ class SSETokenCounter:
         self._partial = b""
         self.tokens = 0
         self.finished = False
+        self.done = False
         self.error: str | None = None
+
+    @property
+    def at_event_boundary(self) -> bool:
+        """True when everything fed so far ended with a complete line (no event cut in two)."""
+        return not self._partial
 
     def feed(self, data: bytes) -> None:
         if self._partial:
@@ -182,7 +189,7 @@ class SSETokenCounter:
 
     def _event(self, payload: bytes) -> None:
         if payload == b"[DONE]":
-            self.finished = True
+            self.finished = self.done = True
             return
         if payload[:1] == b"{" and _ERROR_KEY not in payload:
             usage_tokens, has_text, finished = scan_event(payload)

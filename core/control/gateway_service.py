@@ -114,7 +114,9 @@ async def _serve(args: GatewayArgs) -> int:
     except GatewayError as exc:
         print(f"slo-console gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    print(f"slo-console gateway: serving on {url} (mode {policy.name}), Ctrl-C to stop", file=sys.stderr)
+    loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
+    serving = f"serving on {url} (mode {policy.name}, {loop_name} loop)"
+    print(f"slo-console gateway: {serving}, Ctrl-C to stop", file=sys.stderr)
     stopped: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     loop = asyncio.get_running_loop()
     for signum, code in ((signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_OK)):
