@@ -143,12 +143,6 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per round")
     parser.add_argument("--tokens", type=int, default=16, help="streamed chunks per request")
     parser.add_argument("--rounds", type=int, default=2, help="direct/gateway round pairs")
-    parser.add_argument(
-        "--gateway-loop",
-        choices=("auto", "uvloop", "asyncio"),
-        default="auto",
-        help="the gateway's event loop (its --loop; auto: uvloop when installed)",
-    )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
@@ -158,14 +152,13 @@ def main() -> None:
     gateway = None
     try:
         upstream_url = f"http://127.0.0.1:{_listening_port(upstream.pid)}"
-        gateway_argv = ["gateway", "--upstream", upstream_url, "--port", "0", "--loop", args.gateway_loop]
-        gateway = _spawn([sys.executable, "-m", "console", *gateway_argv])
+        gateway = _spawn([sys.executable, "-m", "console", "gateway", "--upstream", upstream_url, "--port", "0"])
         assert gateway.stderr is not None
         line = gateway.stderr.readline()
-        match = re.search(r"serving on (http://\S+) \(mode (\S+), (\S+) loop\)", line)
+        match = re.search(r"serving on (http://\S+)", line)
         if not match:
             raise RuntimeError(f"the gateway did not start: {line.strip()}")
-        gateway_url, gateway_mode, gateway_loop = match.groups()
+        gateway_url = match.group(1)
         samples: dict[str, list[np.ndarray]] = {"direct": [], "gateway": []}
         gateway_cpu_s = 0.0
         for round_index in range(args.rounds):
@@ -180,7 +173,6 @@ def main() -> None:
             f"{args.tokens} streamed chunks per request, {os.cpu_count()} CPUs, load average "
             + " ".join(f"{v:.1f}" for v in os.getloadavg())
         )
-        print(f"gateway: slo-console gateway, mode {gateway_mode}, {gateway_loop} event loop")
         print(
             f"{'path':<9} {'requests':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'e2e p50 ms':>11} {'e2e p99 ms':>11}"
         )
@@ -194,6 +186,13 @@ def main() -> None:
         print(f"{'added':<9} {'':>8} " + " ".join(f"{v:>11.3f}" for v in added))
         served = len(rows["gateway"]) + 20 * args.rounds  # the warm-up requests went through it too
         print(f"gateway CPU per request: {gateway_cpu_s / served * 1e3:.3f} ms (its process, user + system)")
+        # Each round on its own: on a shared machine one stall of another process shows up in one round's p99.
+        for round_index in range(args.rounds):
+            parts = []
+            for name in ("direct", "gateway"):
+                e50, e99 = percentiles(samples[name][round_index][:, 1], (50.0, 99.0))
+                parts.append(f"{name} e2e p50 {e50 * 1e3:.3f} p99 {e99 * 1e3:.3f} ms")
+            print(f"round {round_index + 1}: " + ", ".join(parts))
     finally:
         if gateway is not None:
             _stop(gateway)

@@ -73,12 +73,6 @@ def build_gateway_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument("--mode", help="scheduling mode (default: the profile's mode)")
     parser.add_argument("--log-requests", action="store_true", help="print one event per request on stdout")
-    parser.add_argument(
-        "--loop",
-        choices=("auto", "uvloop", "asyncio"),
-        default="auto",
-        help="event loop (default auto: uvloop when installed, from slo-console[fast]; else asyncio's)",
-    )
     return parser
 
 
@@ -94,7 +88,6 @@ def gateway_main(argv: list[str]) -> int:
             host=args.host,
             mode=args.mode,
             log_requests=args.log_requests,
-            loop=args.loop,
         )
     )
 

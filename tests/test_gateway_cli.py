@@ -12,10 +12,7 @@ import sys
 from pathlib import Path
 
 import aiohttp
-import pytest
 
-from core.control.gateway_service import event_loop_factory
-from core.profile import ProfileError
 from tests.fakeserver import FakeOpenAIServer, StreamReply
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -79,18 +76,3 @@ def test_serves_an_openai_client_and_reports_its_counters_on_sigterm() -> None:
                     await process.wait()
 
     asyncio.run(scenario())
-
-
-def test_event_loop_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert event_loop_factory("asyncio") is None
-    try:
-        import uvloop
-    except ImportError:
-        uvloop = None
-    if uvloop is not None:  # installed (slo-console[fast]): auto and uvloop both pick it
-        assert event_loop_factory("auto") is uvloop.new_event_loop
-        assert event_loop_factory("uvloop") is uvloop.new_event_loop
-    monkeypatch.setitem(sys.modules, "uvloop", None)  # as if it were not installed
-    assert event_loop_factory("auto") is None
-    with pytest.raises(ProfileError, match=r"slo-console\[fast\]"):
-        event_loop_factory("uvloop")

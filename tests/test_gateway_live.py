@@ -117,7 +117,8 @@ def check_accounted(outcome: RunOutcome, sent: int) -> dict[str, int]:
 @dataclass(slots=True)
 class ModeResult:
     sent: int
-    admitted: int  # released to vLLM by the gateway (fcfs: all)
+    reached: int  # reached the gateway (on a starved machine a few may fail to connect: the client's failure)
+    admitted: int  # released to vLLM by the gateway (fcfs: all that reached it)
     in_time: int  # admitted and within the SLO
     served_rps: float  # completions per second while the run lasted
     counts: dict[str, int]  # client records by status
@@ -156,7 +157,7 @@ def test_saber_gateway_beats_fcfs_on_admitted_slo_attainment_at_twice_capacity()
     # edge of its SLO by design, so its own attainment is modest with an f(L) fitted on a noisy machine.
     # Measured in three runs: attainment 0.47 vs 0.004 (43 vs 1 in time), 0.23 vs 0.05 (28 vs 14) and
     # 0.12 vs 0.05 (14 vs 16). The margin is what repeats here, not what SABER can do with a good f(L).
-    assert fcfs.admitted == fcfs.sent and saber.admitted < fcfs.admitted
+    assert fcfs.admitted == fcfs.reached >= 0.9 * fcfs.sent and saber.admitted < fcfs.admitted, results
     assert saber.attainment >= 2 * fcfs.attainment and saber.attainment >= fcfs.attainment + 0.05, results
 
 
@@ -190,6 +191,7 @@ async def run_mode(backend: GatewayBackend, name: str, policy: Policy, rate: flo
     ok = [r for r in outcome.records if r.ok]
     result = ModeResult(
         sent=sent,
+        reached=sum(r.tier is not None for r in outcome.records),
         admitted=len(admitted),
         in_time=sum(map(attained, admitted)),
         served_rps=len(ok) / active_span(ok) if ok else 0.0,

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -35,7 +34,6 @@ class GatewayArgs:
     host: str = "127.0.0.1"
     mode: str | None = None  # None: the profile's mode
     log_requests: bool = False
-    loop: str = "auto"  # auto, uvloop or asyncio (event_loop_factory)
 
 
 def _check_url(url: str) -> str | None:
@@ -45,31 +43,10 @@ def _check_url(url: str) -> str | None:
     return None
 
 
-def event_loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """The loop the standalone gateway serves on: `uvloop` (libuv's, faster per request; optional extra
-    `slo-console[fast]`), `asyncio` (the standard one), or `auto`: uvloop when it is installed. Raises
-    ProfileError when uvloop is asked for and missing. None means asyncio's default."""
-    if name == "asyncio":
-        return None
-    try:
-        import uvloop
-    except ImportError:
-        if name == "uvloop":
-            raise ProfileError("--loop uvloop needs uvloop: pip install 'slo-console[fast]' (or uvloop)") from None
-        return None
-    return uvloop.new_event_loop
-
-
 def run_gateway(args: GatewayArgs) -> int:
     """Serve until stopped; returns the exit code. Problems are one line on stderr."""
     try:
-        loop_factory = event_loop_factory(args.loop)
-    except ProfileError as exc:
-        print(f"slo-console gateway: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        with asyncio.Runner(loop_factory=loop_factory) as runner:
-            return runner.run(_serve(args))
+        return asyncio.run(_serve(args))
     except KeyboardInterrupt:  # pragma: no cover - the signal handler normally catches it first
         return EXIT_INTERRUPTED
 
@@ -114,9 +91,7 @@ async def _serve(args: GatewayArgs) -> int:
     except GatewayError as exc:
         print(f"slo-console gateway: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
-    serving = f"serving on {url} (mode {policy.name}, {loop_name} loop)"
-    print(f"slo-console gateway: {serving}, Ctrl-C to stop", file=sys.stderr)
+    print(f"slo-console gateway: serving on {url} (mode {policy.name}), Ctrl-C to stop", file=sys.stderr)
     stopped: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     loop = asyncio.get_running_loop()
     for signum, code in ((signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_OK)):

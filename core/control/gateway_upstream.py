@@ -37,6 +37,8 @@ class UpstreamClient:
             connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0),
             timeout=aiohttp.ClientTimeout(total=request_timeout_s, connect=10.0),
             auto_decompress=False,
+            # One session serves every client: an upstream's cookies must not pass from one client to the next.
+            cookie_jar=aiohttp.DummyCookieJar(),
         )
         self._fresh: aiohttp.ClientSession | None = None  # no pooling: for the one retry of a stale connection
 
@@ -52,6 +54,7 @@ class UpstreamClient:
                     connector=aiohttp.TCPConnector(limit=0, force_close=True),
                     timeout=self.session.timeout,
                     auto_decompress=False,
+                    cookie_jar=aiohttp.DummyCookieJar(),
                 )
             return await self._fresh.post(url, data=data, headers=headers)
 
