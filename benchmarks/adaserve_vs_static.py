@@ -1,7 +1,7 @@
 """AdaServe against vLLM's batching with and without static speculation, on the AdaServe workloads.
 
     python benchmarks/adaserve_vs_static.py [--rates 10 12 14] [--trace-scales 1 0.25] [--widths 1 2 3 4 5 6]
-        [--mismatch 0 0.5 1 2] [--overconfidence -2 -1 1 2]
+        [--mismatch 0 0.5 1 2] [--overconfidence -2 -1 1 2] [--speed-repeats 5] [--speed-only]
 
 For each workload (adaserve-mix at each `--rates` RPS, adaserve-trace replayed at each `--trace-scales`
 time scale: 0.25 = four times as fast) it runs on the same arrivals:
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -142,21 +143,24 @@ def mismatch_sweep(profile: Profile, levels: list[float], biases: list[float], s
     print_rows(title, rows)
 
 
-def speed(profile: Profile, seed: int, repeats: int = 3) -> None:
-    """Simulated requests per CPU-second (what holds on a shared machine) and per wall-second."""
+def speed(profile: Profile, seed: int, repeats: int = 5) -> None:
+    """Simulated requests per CPU-second (what holds on a shared machine; the median of `repeats` runs, and the
+    best) and per wall-second (median). Each run includes building the workload, as the CLI does."""
     calibration = load_calibration(profile)
     for name, policy in (("adaserve", partial(AdaServePolicy, profile.adaserve, calibration, seed)), ("fcfs", None)):
-        best_cpu = best_wall = float("inf")
+        cpu_s: list[float] = []
+        wall_s: list[float] = []
         requests = 0
         for _ in range(repeats):
             backend = SimBackend(calibration, profile.knobs, seed=seed, policy_factory=policy)
             cpu, wall = time.process_time(), time.perf_counter()
             requests = len(asyncio.run(backend.run(build_load_plan(profile, seed=seed))).records)
-            best_cpu = min(best_cpu, time.process_time() - cpu)
-            best_wall = min(best_wall, time.perf_counter() - wall)
+            cpu_s.append(time.process_time() - cpu)
+            wall_s.append(time.perf_counter() - wall)
         print(
-            f"simulator speed, {name} on {profile.name} (best of {repeats}): {requests / best_cpu:,.0f} simulated "
-            f"req per CPU-second ({best_cpu:.2f} s), {requests / best_wall:,.0f} per wall-second"
+            f"simulator speed, {name} on {profile.name} ({repeats} runs): {requests / statistics.median(cpu_s):,.0f} "
+            f"simulated req per CPU-second (median; best {requests / min(cpu_s):,.0f}; median CPU "
+            f"{statistics.median(cpu_s):.3f} s), {requests / statistics.median(wall_s):,.0f} per wall-second"
         )
 
 
@@ -168,7 +172,12 @@ def main() -> None:
     parser.add_argument("--mismatch", type=float, nargs="+", default=[0.0, 0.5, 1.0, 2.0])
     parser.add_argument("--overconfidence", type=float, nargs="+", default=[-2.0, -1.0, 1.0, 2.0])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speed-repeats", type=int, default=5, help="runs timed for the speed line")
+    parser.add_argument("--speed-only", action="store_true", help="only the simulator speed lines")
     args = parser.parse_args()
+    if args.speed_only:
+        speed(load_profile("adaserve-mix"), args.seed, args.speed_repeats)
+        return
     mix = load_profile("adaserve-mix")
     for rate in args.rates:
         compare(f"adaserve-mix at {rate:g} RPS (60/20/20 Table 2 mix)", with_rate(mix, rate), args.widths, args.seed)
@@ -178,7 +187,7 @@ def main() -> None:
         compare(title, with_time_scale(trace, scale), args.widths, args.seed)
     middle = sorted(args.rates)[len(args.rates) // 2]
     mismatch_sweep(with_rate(mix, middle), args.mismatch, args.overconfidence, args.seed)
-    speed(mix, args.seed)
+    speed(mix, args.seed, args.speed_repeats)
 
 
 if __name__ == "__main__":

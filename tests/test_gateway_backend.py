@@ -59,3 +59,39 @@ def test_make_backend_puts_the_gateway_in_front_when_a_mode_is_asked_for() -> No
     backend = make_backend("url", profile, url="http://127.0.0.1:9", mode="fcfs")
     assert isinstance(backend, GatewayBackend) and backend.mode == "fcfs"
     assert isinstance(make_backend("url", profile, url="http://127.0.0.1:9"), UrlBackend)
+
+
+class WindowObserver:
+    """Notes what a live run tells the job's observer: records, and when the measured window starts."""
+
+    def __init__(self) -> None:
+        self.records: list[object] = []
+        self.measurement_starts: list[float] = []
+
+    def on_record(self, record: object) -> None:
+        self.records.append(record)
+
+    def on_engine_sample(self, sample: object) -> None:
+        pass
+
+    def on_measurement_start(self, time_s: float) -> None:
+        self.measurement_starts.append(time_s)
+
+
+def test_the_energy_window_starts_at_the_first_measured_send_through_the_gateway_too() -> None:
+    async def scenario() -> None:
+        async with FakeOpenAIServer(StreamReply(first_delay_s=0.05), tokens_per_word=1) as fake:
+            profile = load_profile("quickstart")
+            backend = GatewayBackend(UrlBackend(fake.base_url, metrics_interval_s=None), profile, "fcfs")
+            observer = WindowObserver()
+            try:
+                # Two warm-up requests, then three measured: the window opens with the third send, once.
+                plan = LoadPlan(requests=iter(open_specs(5, 0.1)), warmup_requests=2)
+                outcome = await backend.run(plan, observer)  # type: ignore[arg-type]
+            finally:
+                await backend.close()
+            assert len(outcome.records) == len(observer.records) == 5
+            assert len(observer.measurement_starts) == 1
+            assert 0.15 <= observer.measurement_starts[0] < 0.5  # the third arrival is at 0.2 s
+
+    asyncio.run(scenario())

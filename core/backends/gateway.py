@@ -213,6 +213,12 @@ class _Reconciling:
         if self.observer is not None:
             self.observer.on_engine_sample(sample)
 
+    def on_measurement_start(self, time_s: float) -> None:
+        # The energy window starts at the first measured send (issue 9 item 6), through the gateway as direct.
+        forward = getattr(self.observer, "on_measurement_start", None)
+        if forward is not None:
+            forward(time_s)
+
 
 async def _on_loop(loop: asyncio.AbstractEventLoop | None, coroutine: Any) -> Any:
     """Await `coroutine` on `loop` (the gateway's), from this loop or from another thread's."""

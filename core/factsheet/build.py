@@ -13,13 +13,11 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from core.energy.reading import EnergyReading
+from core.factsheet.caveats import factsheet_caveats
 from core.factsheet.host import detect_host, git_revision, slo_console_version
 from core.factsheet.model import (
-    CarbonInputs,
     ConfigurationSection,
-    EnergyMeterInfo,
     Factsheet,
-    Figure,
     HostInfo,
     LatencyStats,
     PerformanceSection,
@@ -27,7 +25,6 @@ from core.factsheet.model import (
     Scalar,
     SLOTargets,
     SmoothGoodput,
-    SustainabilitySection,
     SystemSection,
     TaskInfo,
     TaskPerformance,
@@ -35,13 +32,10 @@ from core.factsheet.model import (
     TuningSection,
     WorkloadSection,
 )
+from core.factsheet.sustainability import sustainability_section
 from core.profile import KnobsSpec, Profile, SLOSpec, profile_hash, profile_source
 
 SIMULATOR_BACKENDS = {"sim", "simulator"}
-# Below this many completed requests a p99 rests on the slowest one or two of them.
-FEW_REQUESTS_FOR_P99 = 100
-# Energy and metrics windows differing by more than this share get a caveat: per-token figures mix them.
-WINDOW_MISMATCH_SHARE = 0.1
 
 SLO_DEFINITIONS = {
     "e2e_s": "end-to-end latency: time of the last token minus the time the request was sent",
@@ -61,15 +55,6 @@ SLO_DEFINITIONS = {
         "benefit tokens per second: token i of a request is due at send + i / V (paper 003 eq. 4), or at "
         "send + ttft_allow + (i - 1) / V with a first-token allowance; "
         "benefit = tokens - alpha * f(user idle latency), summed and divided by the window (paper 003)"
-    ),
-}
-
-FORMULAS = {
-    "avg_power_w": "energy_j / energy window_s",
-    "wh_per_1k_output_tokens": "energy_j / 3600 / (output_tokens / 1000)",
-    "j_per_request": "energy_j / completed requests",
-    "gco2e_per_1k_output_tokens": (
-        "wh_per_1k_output_tokens / 1000 * grid_intensity_gco2e_per_kwh * pue  (operational only, no embodied)"
     ),
 }
 
@@ -329,170 +314,6 @@ def _tuning(tuning: Mapping[str, Any] | None) -> TuningSection | None:
     )
 
 
-def _figure_unavailable(unit: str, source: str, reason: str) -> Figure:
-    return Figure(value=None, unit=unit, basis="unavailable", source=source, reason=reason)
-
-
-def _sustainability(
-    energy: EnergyReading | None, performance: PerformanceSection, profile: Profile
-) -> SustainabilitySection:
-    spec = profile.sustainability
-    carbon = CarbonInputs(
-        grid_intensity_gco2e_per_kwh=spec.grid_intensity_gco2e_per_kwh,
-        grid_intensity_source=spec.grid_intensity_source,
-        grid_intensity_year=spec.grid_intensity_year,
-        grid_region=spec.grid_region,
-        pue=spec.pue,
-        pue_source=spec.pue_source,
-        pue_year=spec.pue_year,
-    )
-    carbon_source = (
-        f"{FORMULAS['gco2e_per_1k_output_tokens']} with intensity "
-        f"{spec.grid_intensity_gco2e_per_kwh:g} gCO2e/kWh ({spec.grid_intensity_year}) and PUE {spec.pue:g}"
-    )
-    if energy is None:
-        reason = "no energy meter ran for this run"
-        meter = None
-        energy_figure = _figure_unavailable("J", "none", reason)
-        power_figure = _figure_unavailable("W", "none", reason)
-    else:
-        meter = EnergyMeterInfo(
-            basis=energy.basis,
-            method=energy.method,
-            device=energy.device,
-            window_s=energy.window_s,
-            reason=energy.reason,
-            note=energy.note,
-        )
-        source = energy.method if energy.device is None else f"{energy.method}; {energy.device}"
-        if energy.available:
-            energy_figure = Figure(value=energy.joules, unit="J", basis=energy.basis, source=source)
-            power_figure = Figure(
-                value=energy.avg_power_w,
-                unit="W",
-                basis=energy.basis,
-                source=f"{FORMULAS['avg_power_w']} ({energy.window_s:.6g} s)",
-            )
-            reason = ""
-        else:
-            reason = energy.reason or "energy unavailable"
-            energy_figure = _figure_unavailable("J", source, reason)
-            power_figure = _figure_unavailable("W", source, reason)
-
-    output_tokens = performance.output_tokens
-    completed = performance.completed
-    if energy_figure.value is None:
-        per_token = _figure_unavailable("Wh", FORMULAS["wh_per_1k_output_tokens"], f"energy unavailable: {reason}")
-        per_request = _figure_unavailable("J", FORMULAS["j_per_request"], f"energy unavailable: {reason}")
-    else:
-        joules = energy_figure.value
-        basis = energy_figure.basis
-        if output_tokens:
-            per_token = Figure(
-                value=joules / 3600 / (output_tokens / 1000),
-                unit="Wh",
-                basis=basis,
-                source=f"{FORMULAS['wh_per_1k_output_tokens']} with {output_tokens} output tokens",
-            )
-        else:
-            per_token = _figure_unavailable(
-                "Wh", FORMULAS["wh_per_1k_output_tokens"], "no output tokens counted in the window"
-            )
-        if completed:
-            per_request = Figure(
-                value=joules / completed,
-                unit="J",
-                basis=basis,
-                source=f"{FORMULAS['j_per_request']} with {completed} completed requests",
-            )
-        else:
-            per_request = _figure_unavailable("J", FORMULAS["j_per_request"], "no completed requests")
-
-    if per_token.value is None:
-        carbon_figure = _figure_unavailable("gCO2e", carbon_source, per_token.reason or "unavailable")
-    else:
-        # Measured energy times assumed factors is an estimate; modelled energy keeps its "modelled" label.
-        carbon_basis = "estimated" if per_token.basis == "measured" else per_token.basis
-        carbon_figure = Figure(
-            value=per_token.value / 1000 * spec.grid_intensity_gco2e_per_kwh * spec.pue,
-            unit="gCO2e",
-            basis=carbon_basis,
-            source=carbon_source,
-        )
-    return SustainabilitySection(
-        meter=meter,
-        energy_j=energy_figure,
-        avg_power_w=power_figure,
-        wh_per_1k_output_tokens=per_token,
-        j_per_request=per_request,
-        gco2e_per_1k_output_tokens=carbon_figure,
-        carbon_inputs=carbon,
-        formulas=FORMULAS,
-    )
-
-
-def _caveats(
-    system: SystemSection,
-    performance: PerformanceSection,
-    sustainability: SustainabilitySection,
-    energy: EnergyReading | None,
-    profile: Profile,
-) -> list[str]:
-    caveats: list[str] = []
-    if performance.basis == "simulated":
-        caveats.append(
-            f"Latency, goodput and attainment come from the discrete-event simulator (calibration "
-            f"{system.calibration or 'unknown'}, modelling {system.modelled_hardware or 'unknown hardware'}),"
-            " "
-            "not from a live server; they show trends, not guarantees for any deployment."
-        )
-    caveats.append(
-        "Percentiles are over completed requests only; failed requests are counted separately and count "
-        "against SLO attainment."
-    )
-    if performance.completed is not None and performance.completed < FEW_REQUESTS_FOR_P99:
-        caveats.append(
-            f"Only {performance.completed} requests completed: the p99 rests on the slowest one or two of "
-            "them and will move between runs."
-        )
-    if energy is None or not energy.available:
-        caveats.append(
-            "Energy is unavailable for this run (see the reason in Sustainability), so no energy or carbon "
-            "figure is given; that means unknown, not zero."
-        )
-    elif energy.basis == "modelled":
-        caveats.append(
-            f"Energy is modelled, not measured: {energy.method}. It ignores clocks, memory power and "
-            "temperature, and covers the modelled accelerator only."
-        )
-    else:
-        caveats.append(
-            "Energy comes from software counters on the device (NVML or RAPL), not from a power analyser "
-            "at the wall: it is not comparable with MLPerf Power results, excludes the rest of the system "
-            "unless stated, and includes any other work on the same device. Idle power is not subtracted."
-        )
-        if energy.note:
-            caveats.append(f"Energy window: {energy.note}.")
-    if energy is not None and energy.available and performance.window_s:
-        mismatch = abs(energy.window_s - performance.window_s) / performance.window_s
-        if mismatch > WINDOW_MISMATCH_SHARE:
-            caveats.append(
-                f"The energy window ({energy.window_s:.4g} s) differs from the metrics window "
-                f"({performance.window_s:.4g} s) by {mismatch:.0%}; per-token and per-request energy "
-                "mix the two."
-            )
-    spec = profile.sustainability
-    caveats.append(
-        f"Carbon is operational and location-based: energy x {spec.grid_region} grid average "
-        f"{spec.grid_intensity_gco2e_per_kwh:g} gCO2e/kWh ({spec.grid_intensity_year}) x PUE {spec.pue:g}. "
-        "It is not the operator's actual grid mix or contract (market-based), and excludes embodied "
-        "emissions of the hardware."
-    )
-    if spec.pue == 1.0:
-        caveats.append("PUE 1.0 assumes no cooling or facility overhead (a workstation, not a data centre).")
-    return caveats
-
-
 def build_factsheet(inputs: FactsheetInputs) -> Factsheet:
     profile = inputs.profile
     host = inputs.host if inputs.host is not None else detect_host()
@@ -500,7 +321,7 @@ def build_factsheet(inputs: FactsheetInputs) -> Factsheet:
     simulated = _is_simulator(inputs.backend_description)
     summary = inputs.summary if isinstance(inputs.summary, Mapping) else inputs.summary.to_dict()
     performance = _performance(summary, profile, simulated)
-    sustainability = _sustainability(inputs.energy, performance, profile)
+    sustainability = sustainability_section(inputs.energy, performance, profile)
     source_path = profile_source(profile)
     generated_at = inputs.generated_at or datetime.now(UTC)
     title = f"{profile.name}: {system.model or 'unknown model'} on {system.engine}"
@@ -527,5 +348,5 @@ def build_factsheet(inputs: FactsheetInputs) -> Factsheet:
             profile_hash=profile_hash(profile),
             profile_path=None if source_path is None else str(source_path),
         ),
-        caveats=_caveats(system, performance, sustainability, inputs.energy, profile),
+        caveats=factsheet_caveats(system, performance, sustainability, inputs.energy, profile),
     )

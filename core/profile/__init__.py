@@ -1,0 +1,93 @@
+"""Profiles: YAML files that say what to run (workload, SLOs, knobs, engine calibration), validated.
+
+Every model forbids unknown keys, so a typo is refused with the file, the field path and what was
+expected, instead of being silently ignored. `load_profile` raises `ProfileError` carrying that one line.
+
+`core.profile` is the public import path (README, Profiles); the models live in:
+workload_spec.py  the offered load: request lengths, arrivals, tasks, traces, SLOs, smooth goodput
+serving_spec.py   the server: knobs, the step-time calibration, power, carbon inputs, how vLLM is launched
+mode_specs.py     the tuner and each scheduling mode's settings (AdaServe, SABER, SLOs-Serve)
+model.py          `Profile`, the whole document
+loading.py        reading profiles and the files they name, `ProfileError`, provenance hash
+"""
+
+from core.profile.loading import (
+    PROFILES_DIR,
+    ProfileError,
+    load_calibration,
+    load_profile,
+    profile_hash,
+    profile_source,
+    resolve_profile_path,
+    resolve_relative,
+)
+from core.profile.mode_specs import AdaServeSpec, SaberSpec, SlosServeSpec, TunerSpec
+from core.profile.model import Profile
+from core.profile.serving_spec import (
+    Calibration,
+    EngineSpec,
+    KnobsSpec,
+    PerfTerm,
+    PowerModel,
+    ServerSpec,
+    SustainabilitySpec,
+)
+from core.profile.strict import Strict
+from core.profile.workload_spec import (
+    Arrival,
+    ClosedLoopArrival,
+    ConstantArrival,
+    EmpiricalLength,
+    FixedLength,
+    GammaArrival,
+    LengthDist,
+    LognormalLength,
+    OnOffArrival,
+    PoissonArrival,
+    SLOSpec,
+    SmoothGoodputSpec,
+    TaskSpec,
+    TraceSpec,
+    UniformLength,
+    WorkloadSpec,
+)
+
+__all__ = [
+    "PROFILES_DIR",
+    "AdaServeSpec",
+    "Arrival",
+    "Calibration",
+    "ClosedLoopArrival",
+    "ConstantArrival",
+    "EmpiricalLength",
+    "EngineSpec",
+    "FixedLength",
+    "GammaArrival",
+    "KnobsSpec",
+    "LengthDist",
+    "LognormalLength",
+    "OnOffArrival",
+    "PerfTerm",
+    "PoissonArrival",
+    "PowerModel",
+    "Profile",
+    "ProfileError",
+    "SLOSpec",
+    "SaberSpec",
+    "ServerSpec",
+    "SlosServeSpec",
+    "SmoothGoodputSpec",
+    "Strict",
+    "SustainabilitySpec",
+    "TaskSpec",
+    "TraceSpec",
+    "TunerSpec",
+    "UniformLength",
+    "WorkloadSpec",
+    "load_calibration",
+    "load_profile",
+    "profile_hash",
+    "profile_source",
+    "resolve_profile_path",
+    "resolve_relative",
+]

@@ -1,0 +1,38 @@
+"""The whole profile: one validated document made of the workload, serving and mode sections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, PrivateAttr
+
+from core.profile.mode_specs import AdaServeSpec, SaberSpec, SlosServeSpec, TunerSpec
+from core.profile.serving_spec import EngineSpec, KnobsSpec, ServerSpec, SustainabilitySpec
+from core.profile.strict import Strict
+from core.profile.workload_spec import SLOSpec, SmoothGoodputSpec, WorkloadSpec
+
+
+class Profile(Strict):
+    name: str
+    description: str = ""
+    seed: int = 0
+    workload: WorkloadSpec
+    slo: SLOSpec = Field(default_factory=lambda: SLOSpec(e2e_s=1.2))
+    smooth_goodput: SmoothGoodputSpec = Field(default_factory=SmoothGoodputSpec)
+    knobs: KnobsSpec = Field(default_factory=KnobsSpec)
+    engine: EngineSpec = Field(default_factory=EngineSpec)
+    sustainability: SustainabilitySpec = Field(default_factory=SustainabilitySpec)
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    tuner: TunerSpec = Field(default_factory=TunerSpec)
+    # Scheduling mode (core/control/modes.py: fcfs = vLLM's default) and how many engine replicas the
+    # simulator runs behind the controller (live: one per upstream server).
+    mode: str = "fcfs"
+    replicas: Annotated[int, Field(ge=1, le=64)] = 1
+    adaserve: AdaServeSpec = Field(default_factory=AdaServeSpec)
+
+    saber: SaberSpec = Field(default_factory=SaberSpec)
+    slos_serve: SlosServeSpec = Field(default_factory=SlosServeSpec)
+    # Extension sections owned by other capabilities (live server, tuner, energy) are added here.
+
+    _source: Path | None = PrivateAttr(default=None)
