@@ -95,7 +95,7 @@ class TreePlanner:
                 run.next += 1
             known = run.full.get(shape)
             if known is None:
-                known = run.full_tree_accepted(depth, width)
+                known = run.full_tree_accepted(depth, width, run.next - 1)
             emitted[item] = tokens = 1 + known[run.next - 1]
             total += tokens
         self._emitted = emitted

@@ -126,6 +126,8 @@ class Selection:
     slo_counts: np.ndarray  # (n,) int: of which chosen in the SLO-customized phase
     selected: np.ndarray  # (n, N) bool
     slo_total: int = 0  # slo_counts.sum()
+    behind: int = 0  # requests behind their TPOT SLO (need > 0) that the SLO-customized phase served
+    beyond_tree: int = 0  # of which needing more than the tree's depth of accepted drafts (A(r) > d + 1)
 
     @property
     def verified_tokens(self) -> int:
@@ -152,7 +154,7 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
         return full_selection(n, size)
     slo_counts = np.zeros(n, dtype=np.int64)
     selected = np.zeros((n, size), dtype=bool)
-    slo_total = 0
+    slo_total = served = beyond = 0
     behind = np.flatnonzero(need > 0.0) if remaining > 0 else ()
     if len(behind):
         # SLO-customized phase: the largest need first, each request whole until the budget runs out.
@@ -164,12 +166,17 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
         ranked = approx_rows[_row_index(len(rows)), order]
         cap = np.minimum(behind_need[order_of_rows], float(depth))
         wanted = (np.cumsum(ranked, axis=1) < cap[:, None]).sum(axis=1) + 1
+        # n_max: the most tokens the phase adds to one tree (Algorithm 2's inputs; its line 12 compares the
+        # tree's size with the root, one fewer: we follow the stated meaning). A_cap = min(A(r), d + 1) is
+        # `cap` here in draft tokens (need = A(r) - 1, the root counted as accepted, line 6).
         np.minimum(wanted, min(size, n_max), out=wanted)
         granted = np.minimum(np.maximum(remaining - (np.cumsum(wanted) - wanted), 0), wanted)
         slo_counts[rows] = granted
         selected[rows[:, None], order] = _positions(size) < granted[:, None]
         slo_total = int(granted.sum())
         remaining -= slo_total
+        served = int(np.count_nonzero(granted))
+        beyond = int(np.count_nonzero(behind_need[order_of_rows][granted > 0] > depth))
     # Throughput-optimized phase: the globally most probable of what is left.
     if remaining > 0:
         available = n * size - slo_total
@@ -180,7 +187,14 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
             left = np.where(selected, -1.0, approx).ravel() if slo_total else approx.ravel()
             top = np.argpartition(left, left.size - remaining)[left.size - remaining :]
             selected.ravel()[top] = True
-    return Selection(counts=selected.sum(axis=1), slo_counts=slo_counts, selected=selected, slo_total=slo_total)
+    return Selection(
+        counts=selected.sum(axis=1),
+        slo_counts=slo_counts,
+        selected=selected,
+        slo_total=slo_total,
+        behind=served,
+        beyond_tree=beyond,
+    )
 
 
 @functools.lru_cache(maxsize=64)
