@@ -193,11 +193,21 @@ class StepwiseReplica(EngineReplica):
         now = float(self.clock)
 
         completed: list[StepRequest] = []
+        accepted = self.planner.accepted
+        rng = self.rng
+        grown = 0
         for item, verified in decode:
-            emitted = min(item.out_left, self.planner.accepted(item, verified, self.rng))
-            self._emit_tokens(item, now, emitted)
+            emitted = min(item.out_left, accepted(item, verified, rng))
+            # _emit_tokens, inline (the per-request hot loop of every planner-driven step)
+            item.out_left -= emitted
+            item.run_tokens += emitted
+            grown += emitted
+            item.chunk_times.append(now)
+            item.chunk_tokens.append(emitted)
             if item.out_left == 0:
                 completed.append(item)
+        self.kv_used += grown
+        self.generated_tokens += grown
         started: list[StepRequest] = []
         for item, chunk in prefill:
             item.prompt_left -= chunk
