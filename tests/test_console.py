@@ -382,7 +382,7 @@ class ManagedServerBackend:
 
 
 async def test_quit_stops_the_server_the_console_started() -> None:
-    from core.serve.process import group_members
+    from core.serve.process_group import group_members
 
     backends: list[ManagedServerBackend] = []
 

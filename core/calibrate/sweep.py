@@ -401,7 +401,7 @@ class VllmTarget(UrlTarget):
             await self.backend.restart(knobs)
 
     async def facts(self) -> ServerFacts:
-        from core.serve.process import read_log_tail
+        from core.serve.server_log import read_log_tail
         from core.serve.vllm_server import option_value
 
         process = self.backend.server.process
