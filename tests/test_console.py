@@ -16,7 +16,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
-from console.app import SloConsoleApp, create_app, run_app
+from console.app import SloConsoleApp
+from console.launch import create_app, run_app
 from console.messages import SessionChanged
 from console.session import Session
 from console.widgets.kpi import KpiTile
