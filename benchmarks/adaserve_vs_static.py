@@ -1,7 +1,8 @@
 """AdaServe against vLLM's batching with and without static speculation, on the AdaServe workloads.
 
     python benchmarks/adaserve_vs_static.py [--rates 10 12 14] [--trace-scales 1 0.25] [--widths 1 2 3 4 5 6]
-        [--mismatch 0 0.5 1 2] [--overconfidence -2 -1 1 2]
+        [--mismatch 0 0.5 1 2] [--overconfidence -2 -1 1 2] [--speed-repeats 5] [--speed-only]
+        [--diagnose [--n-max 2 4]]
 
 For each workload (adaserve-mix at each `--rates` RPS, adaserve-trace replayed at each `--trace-scales`
 time scale: 0.25 = four times as fast) it runs on the same arrivals:
@@ -21,15 +22,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
 from core.backends.sim import SimBackend
 from core.control.adaserve.planner import AdaServePolicy, StaticSpeculationPolicy
 from core.control.policy import Policy
 from core.metrics import summarize
+from core.metrics.summary import percentiles
 from core.profile import Calibration, Profile, load_calibration, load_profile
 from core.records import Status
 from core.workload import build_load_plan
@@ -142,21 +147,62 @@ def mismatch_sweep(profile: Profile, levels: list[float], biases: list[float], s
     print_rows(title, rows)
 
 
-def speed(profile: Profile, seed: int, repeats: int = 3) -> None:
-    """Simulated requests per CPU-second (what holds on a shared machine) and per wall-second."""
+def speed(profile: Profile, seed: int, repeats: int = 5) -> None:
+    """Simulated requests per CPU-second (what holds on a shared machine; the median of `repeats` runs, and the
+    best) and per wall-second (median). Each run includes building the workload, as the CLI does."""
     calibration = load_calibration(profile)
     for name, policy in (("adaserve", partial(AdaServePolicy, profile.adaserve, calibration, seed)), ("fcfs", None)):
-        best_cpu = best_wall = float("inf")
+        cpu_s: list[float] = []
+        wall_s: list[float] = []
         requests = 0
         for _ in range(repeats):
             backend = SimBackend(calibration, profile.knobs, seed=seed, policy_factory=policy)
             cpu, wall = time.process_time(), time.perf_counter()
             requests = len(asyncio.run(backend.run(build_load_plan(profile, seed=seed))).records)
-            best_cpu = min(best_cpu, time.process_time() - cpu)
-            best_wall = min(best_wall, time.perf_counter() - wall)
+            cpu_s.append(time.process_time() - cpu)
+            wall_s.append(time.perf_counter() - wall)
         print(
-            f"simulator speed, {name} on {profile.name} (best of {repeats}): {requests / best_cpu:,.0f} simulated "
-            f"req per CPU-second ({best_cpu:.2f} s), {requests / best_wall:,.0f} per wall-second"
+            f"simulator speed, {name} on {profile.name} ({repeats} runs): {requests / statistics.median(cpu_s):,.0f} "
+            f"simulated req per CPU-second (median; best {requests / min(cpu_s):,.0f}; median CPU "
+            f"{statistics.median(cpu_s):.3f} s), {requests / statistics.median(wall_s):,.0f} per wall-second"
+        )
+
+
+def diagnose(profile: Profile, n_max_values: list[int], seed: int) -> None:
+    """Where AdaServe's SLO-customized phase spends the budget (README: why it loses past saturation): per
+    variant, the requests it served per selection step and how many of them needed more accepted drafts than
+    the tree is deep (A(r) > d + 1, beyond one step's reach), its share of the draft tokens, the draft
+    acceptance, the strictest category's TPOT percentiles; the default, without the phase, and other n_max."""
+    calibration = load_calibration(profile)
+    ablated = profile.adaserve.model_copy(update={"slo_selection": False})
+    variants = [("adaserve", profile.adaserve), ("no SLO phase", ablated)]
+    variants += [
+        (f"n_max={k}", profile.adaserve.model_copy(update={"n_max": k}))
+        for k in n_max_values
+        if k != profile.adaserve.n_max
+    ]
+    strict = min(profile.workload.tasks, key=lambda t: t.slo.tpot_s or float("inf")).name
+    rate = getattr(profile.workload.arrival, "rate_rps", None)
+    where = f"{profile.name} at {rate:g} RPS" if rate is not None else profile.name
+    print(f"\nAdaServe's SLO-customized phase on {where} ({strict} has the strictest TPOT SLO)")
+    print(
+        f"{'variant':<14} {'violations':>10} {'goodput':>8} {'SLO share':>9} {'served/step':>11} {'beyond d':>8} "
+        f"{'acceptance':>10} {strict[:10] + ' TPOT p50/p90 ms':>26}"
+    )
+    for label, spec in variants:
+        policy = AdaServePolicy(spec, calibration, seed)  # one run, one replica: the factory is called once
+        backend = SimBackend(calibration, profile.knobs, seed=seed, policy_factory=lambda policy=policy: policy)
+        records = asyncio.run(backend.run(build_load_plan(profile, seed=seed))).records
+        summary = summarize(records, slo=profile.slo, smooth=profile.smooth_goodput)
+        measured = [r for r in records if not r.warmup]
+        violations = len(measured) - round(summary.slo_attainment * len(measured))
+        tpot = np.array([r.tpot_s for r in measured if r.task == strict and r.tpot_s is not None])
+        p50, p90 = percentiles(tpot, (50.0, 90.0))
+        info = policy.describe()
+        print(
+            f"{label:<14} {violations:>10} {summary.token_goodput_tps:>8.1f} {info['slo_share_of_drafts']:>9.3f} "
+            f"{info['slo_served_per_selection_step']:>11.2f} {info['slo_served_beyond_tree_per_selection_step']:>8.2f} "
+            f"{info['acceptance_of_drafts']:>10.3f} {1000 * p50:>15.1f} / {1000 * p90:.1f}"
         )
 
 
@@ -168,7 +214,20 @@ def main() -> None:
     parser.add_argument("--mismatch", type=float, nargs="+", default=[0.0, 0.5, 1.0, 2.0])
     parser.add_argument("--overconfidence", type=float, nargs="+", default=[-2.0, -1.0, 1.0, 2.0])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--speed-repeats", type=int, default=5, help="runs timed for the speed line")
+    parser.add_argument("--speed-only", action="store_true", help="only the simulator speed lines")
+    parser.add_argument(
+        "--diagnose", action="store_true", help="only the SLO-phase diagnosis, at each of --rates on adaserve-mix"
+    )
+    parser.add_argument("--n-max", type=int, nargs="+", default=[2, 4], help="n_max values the diagnosis adds")
     args = parser.parse_args()
+    if args.diagnose:
+        for rate in args.rates:
+            diagnose(with_rate(load_profile("adaserve-mix"), rate), args.n_max, args.seed)
+        return
+    if args.speed_only:
+        speed(load_profile("adaserve-mix"), args.seed, args.speed_repeats)
+        return
     mix = load_profile("adaserve-mix")
     for rate in args.rates:
         compare(f"adaserve-mix at {rate:g} RPS (60/20/20 Table 2 mix)", with_rate(mix, rate), args.widths, args.seed)
@@ -178,7 +237,7 @@ def main() -> None:
         compare(title, with_time_scale(trace, scale), args.widths, args.seed)
     middle = sorted(args.rates)[len(args.rates) // 2]
     mismatch_sweep(with_rate(mix, middle), args.mismatch, args.overconfidence, args.seed)
-    speed(mix, args.seed)
+    speed(mix, args.seed, args.speed_repeats)
 
 
 if __name__ == "__main__":

@@ -170,7 +170,8 @@ def main() -> None:
         rows = {name: np.concatenate(parts) for name, parts in samples.items()}
         print(
             f"rate {args.rate:g} req/s Poisson, {args.duration:g} s x {args.rounds} rounds per path, "
-            f"{args.tokens} streamed chunks per request, {os.cpu_count()} CPUs"
+            f"{args.tokens} streamed chunks per request, {os.cpu_count()} CPUs, load average "
+            + " ".join(f"{v:.1f}" for v in os.getloadavg())
         )
         print(
             f"{'path':<9} {'requests':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'e2e p50 ms':>11} {'e2e p99 ms':>11}"
@@ -185,6 +186,13 @@ def main() -> None:
         print(f"{'added':<9} {'':>8} " + " ".join(f"{v:>11.3f}" for v in added))
         served = len(rows["gateway"]) + 20 * args.rounds  # the warm-up requests went through it too
         print(f"gateway CPU per request: {gateway_cpu_s / served * 1e3:.3f} ms (its process, user + system)")
+        # Each round on its own: on a shared machine one stall of another process shows up in one round's p99.
+        for round_index in range(args.rounds):
+            parts = []
+            for name in ("direct", "gateway"):
+                e50, e99 = percentiles(samples[name][round_index][:, 1], (50.0, 99.0))
+                parts.append(f"{name} e2e p50 {e50 * 1e3:.3f} p99 {e99 * 1e3:.3f} ms")
+            print(f"round {round_index + 1}: " + ", ".join(parts))
     finally:
         if gateway is not None:
             _stop(gateway)

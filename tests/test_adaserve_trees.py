@@ -105,6 +105,12 @@ def test_figure_5_vectorised_selection_agrees() -> None:
     assert selection.slo_counts.tolist() == [1, 2]
     assert selection.counts.tolist() == [3, 3]
     assert selection.verified_tokens == 8
+    # Both were behind (A_cap 0.6, 0.8), neither beyond the depth-3 tree's reach.
+    assert (selection.behind, selection.beyond_tree) == (2, 0)
+    # A need above the depth (A(r) > d + 1) is counted as beyond one step's reach; a request the budget
+    # leaves nothing in the SLO phase is not counted as served.
+    far = select(approx, np.array([3.5, 0.8]), budget=8, depth=3, n_max=8)
+    assert far.slo_counts.tolist() == [6, 0] and (far.behind, far.beyond_tree) == (1, 1)
 
 
 def test_n_max_limits_the_slo_phase_and_the_largest_need_goes_first() -> None:

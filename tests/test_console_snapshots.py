@@ -5,8 +5,9 @@ run, not a moving one), a fixed terminal size, cursor blink frozen, notification
 fed with fixed events. Snapshots depend on the Textual version (pinned in the dev venv: 8.2.8): after an
 intended UI change, review the report and run `pytest tests/test_console_snapshots.py --snapshot-update`.
 
-`python tests/test_console_snapshots.py` also writes assets/console.svg and assets/tuner.svg for the README
-from the same deterministic states.
+`python tests/test_console_snapshots.py` also writes assets/console.svg, assets/tuner.svg and assets/modes.svg
+(the Modes tab after `c` compared every mode on the quickstart arrivals) for the README from the same
+deterministic states.
 """
 
 from __future__ import annotations
@@ -155,10 +156,27 @@ def test_help_screen(snap_compare: Any) -> None:
     assert snap_compare(finished_app(), terminal_size=SIZE, run_before=run_before)
 
 
+async def with_compare(pilot: Pilot[Any]) -> None:
+    """The Modes tab once `c` has compared every mode on the profile's seeded arrivals (the simulator)."""
+    await until_finished(pilot)
+    app = pilot.app
+    assert isinstance(app, SloConsoleApp)
+    await pilot.press("4")
+    await pilot.press("c")
+    deadline = time.monotonic() + 900
+    while app.session.compare_state != "finished":
+        assert app.session.compare_state in ("idle", "running"), app.session.compare_state
+        assert time.monotonic() < deadline, "the compare job did not finish"
+        await pilot.pause(0.2)
+    await pilot.pause(0.5)
+    app.clear_notifications()
+    await pilot.pause()
+
+
 async def export_assets() -> None:
     """Write the README screenshots from the same deterministic states the snapshots use."""
     ASSETS.mkdir(exist_ok=True)
-    for name, prepare in (("console.svg", until_finished), ("tuner.svg", with_tuner)):
+    for name, prepare in (("console.svg", until_finished), ("tuner.svg", with_tuner), ("modes.svg", with_compare)):
         app = finished_app(requests=None)  # the README's command: the whole quickstart profile
         async with app.run_test(size=SIZE) as pilot:
             await prepare(pilot)

@@ -16,8 +16,16 @@ import pytest
 from aiohttp import web
 
 from core.control.concurrency_cap import ConcurrencyCapPolicy
-from core.control.gateway import Gateway, GatewayError, probe_upstreams
-from core.control.gateway_protocol import BadGatewayRequest, SSETokenCounter, read_request_meta, slo_fields
+from core.control.gateway import Gateway, GatewayError
+from core.control.gateway_protocol import (
+    BadGatewayRequest,
+    SSETokenCounter,
+    parse_event,
+    read_request_meta,
+    scan_event,
+    slo_fields,
+)
+from core.control.gateway_upstream import probe_upstreams
 from core.control.policy import Policy
 from core.profile import ProfileError, load_profile
 from core.records import RequestSLO, RequestSpec
@@ -110,6 +118,23 @@ def test_non_streamed_completion_and_upstream_http_error_pass_through() -> None:
             await runner.cleanup()
 
     asyncio.run(scenario())
+
+
+def test_per_request_events_only_when_asked_for() -> None:
+    async def scenario(request_events: bool) -> list[str]:
+        events: list[dict[str, Any]] = []
+        async with (
+            FakeOpenAIServer(StreamReply()) as fake,
+            Gateway([fake.base_url], Policy(), on_event=events.append, request_events=request_events) as gateway,
+            aiohttp.ClientSession() as session,
+        ):
+            for _ in range(3):
+                assert (await post(session, gateway.base_url, completion()))[0] == 200
+            assert_accounted(gateway, 3)
+        return [e["event"] for e in events]
+
+    assert asyncio.run(scenario(True)) == ["gateway_started", *["gateway_request"] * 3, "gateway_stopped"]
+    assert asyncio.run(scenario(False)) == ["gateway_started", "gateway_stopped"]
 
 
 def test_cap_holds_requests_at_the_gateway_and_releases_them_as_slots_free() -> None:
@@ -285,3 +310,65 @@ def test_sse_counter_uses_usage_when_given_and_text_otherwise() -> None:
     plain = SSETokenCounter()
     plain.feed(b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: {"choices":[{"delta":{"content":""}}]}\n\n')
     assert (plain.tokens, plain.finished) == (1, False)
+
+
+# Text the model could write that spells out the keys the scan looks for (it arrives escaped inside a string).
+_TRICKY_TEXTS = [
+    " tok",
+    "",
+    '"finish_reason": "stop", "completion_tokens": 7, "text": "a", "content": "b", "error": {}',
+    '\\"text\\": "x"',
+    "null",
+    "caf\u00e9 \n",
+]
+
+
+def _events() -> list[dict[str, Any]]:
+    """Stream events shaped like vLLM's completions and chat streams, with and without usage."""
+    events: list[dict[str, Any]] = []
+    usages: list[Any] = [
+        None,
+        {"prompt_tokens": 8, "total_tokens": 11, "completion_tokens": 3},
+        {"prompt_tokens": 8, "completion_tokens": None},
+        {"prompt_tokens": 8, "completion_tokens": 12, "completion_tokens_details": {"reasoning_tokens": 2}},
+    ]
+    for text in _TRICKY_TEXTS:
+        for finish in (None, "length", "stop"):
+            for usage in usages:
+                completion = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish, "stop_reason": None}
+                events.append({"id": "cmpl-1", "object": "text_completion", "choices": [completion], "usage": usage})
+                delta = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": finish}
+                events.append({"id": "chat-1", "object": "chat.completion.chunk", "choices": [delta], "usage": usage})
+        events.append({"choices": [{"delta": {"reasoning_content": text}, "finish_reason": None}]})
+        events.append({"choices": [{"delta": {"content": ""}, "logprobs": {"content": [{"token": text}]}}]})
+    events.append({"choices": [{"delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+    events.append({"choices": [{"text": None, "finish_reason": None}]})
+    events.append({"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": 40, "total_tokens": 48}})
+    return events
+
+
+def test_the_byte_scan_of_stream_events_agrees_with_parsing_them() -> None:
+    checked = 0
+    for event in _events():
+        for separators in ((",", ":"), (", ", ": ")):  # vLLM's compact JSON and json.dumps' default
+            payload = json.dumps(event, separators=separators).encode()
+            parsed = parse_event(payload)
+            assert isinstance(parsed, tuple)
+            assert scan_event(payload) == parsed, payload
+            checked += 1
+    assert checked > 300
+    # A whole stream, cut at arbitrary byte offsets, counts what parsing each event counts.
+    payloads = [json.dumps(e, separators=(",", ":")).encode() for e in _events()]
+    stream = b"".join(b"data: " + p + b"\n\n" for p in payloads) + b"data: [DONE]\n\n"
+    expected = 0
+    for p in payloads:
+        usage_tokens, has_text, _ = parse_event(p)  # type: ignore[misc]
+        expected = usage_tokens if usage_tokens is not None else expected + int(has_text)
+    for cut in (7, 64, 1000):
+        counter = SSETokenCounter()
+        for start in range(0, len(stream), cut):
+            counter.feed(stream[start : start + cut])
+        assert (counter.tokens, counter.finished, counter.error) == (expected, True, None)
+    broken = SSETokenCounter()
+    broken.feed(b'data: {"choices":[{"text":"a"}]}\n\ndata: {"error": {"message": "engine died"}}\n\n')
+    assert broken.tokens == 1 and broken.error is not None and "engine died" in broken.error

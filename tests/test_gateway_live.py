@@ -117,7 +117,8 @@ def check_accounted(outcome: RunOutcome, sent: int) -> dict[str, int]:
 @dataclass(slots=True)
 class ModeResult:
     sent: int
-    admitted: int  # released to vLLM by the gateway (fcfs: all)
+    reached: int  # reached the gateway (the rest failed to connect on a starved machine: client timeouts)
+    admitted: int  # released to vLLM by the gateway (fcfs: all that reached it)
     in_time: int  # admitted and within the SLO
     served_rps: float  # completions per second while the run lasted
     counts: dict[str, int]  # client records by status
@@ -156,7 +157,12 @@ def test_saber_gateway_beats_fcfs_on_admitted_slo_attainment_at_twice_capacity()
     # edge of its SLO by design, so its own attainment is modest with an f(L) fitted on a noisy machine.
     # Measured in three runs: attainment 0.47 vs 0.004 (43 vs 1 in time), 0.23 vs 0.05 (28 vs 14) and
     # 0.12 vs 0.05 (14 vs 16). The margin is what repeats here, not what SABER can do with a good f(L).
-    assert fcfs.admitted == fcfs.sent and saber.admitted < fcfs.admitted
+    # Without drift correction, on a machine at load average 10-20 (2026-11-23), two runs in two failed:
+    # 0.02 vs 0.004 (2 of 85 admitted in time) and 0.12 vs 0.07: the engine ran slower than profiled.
+    # (A run on 2026-11-23: 7 of 288 fcfs requests never reached the gateway, client connect timeouts on the busy
+    # machine, accounted as timeouts; fcfs still admitted every request it received.)
+    assert fcfs.admitted == fcfs.reached and fcfs.reached >= 0.9 * fcfs.sent, results
+    assert saber.admitted < fcfs.admitted, results
     assert saber.attainment >= 2 * fcfs.attainment and saber.attainment >= fcfs.attainment + 0.05, results
 
 
@@ -190,6 +196,7 @@ async def run_mode(backend: GatewayBackend, name: str, policy: Policy, rate: flo
     ok = [r for r in outcome.records if r.ok]
     result = ModeResult(
         sent=sent,
+        reached=sum(r.tier is not None for r in outcome.records),
         admitted=len(admitted),
         in_time=sum(map(attained, admitted)),
         served_rps=len(ok) / active_span(ok) if ok else 0.0,
@@ -212,5 +219,10 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
         # capacity measurement and the run: if fcfs kept up with 2/3 of the offered rate, measure again (once).
         if fcfs.served_rps < fcfs.sent / RUN_S / 1.5:
             break
-    saber = await run_mode(backend, "saber", SaberPolicy(model, best_effort_max_load=knee), rate, slo_s)
+    # With drift correction (core/control/speed_drift.py): the shared machine's speed swings between the
+    # profiling and this run (the same 8-client point measured 6.7 and 8.3 req/s minutes apart), and SABER,
+    # admitting at the edge of each SLA, admits requests that then miss unless f(L) follows the engine.
+    policy = SaberPolicy(model, best_effort_max_load=knee, drift_correction=True)
+    saber = await run_mode(backend, "saber", policy, rate, slo_s)
+    print(f"saber drift: {policy.describe()['drift']}")
     return {"fcfs": fcfs, "saber": saber}

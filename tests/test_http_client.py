@@ -286,3 +286,48 @@ async def test_one_connection_serves_consecutive_requests() -> None:
     assert all(r.status is Status.OK and r.output_tokens == 3 for r in records), [r.error for r in records]
     # Released before the body's end (the chunked terminator came later), each connection would be closed.
     assert len(client_ports) == 1, f"{len(client_ports)} connections for 5 consecutive requests"
+
+
+async def test_sse_lines_split_across_reads_or_joined_in_one_are_parsed_and_stamped_on_arrival() -> None:
+    """The client reads whatever bytes have arrived (iter_any) and splits SSE lines itself: a line cut
+    across two TCP writes is joined, two events in one write are both counted, each stamped on arrival."""
+    from aiohttp import web
+
+    def event(text: str, finish: str | None = None) -> bytes:
+        choice = {"index": 0, "text": text, "finish_reason": finish}
+        return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        first = event("a")
+        await response.write(first[:10])  # half a line
+        await asyncio.sleep(0.05)
+        await response.write(first[10:])
+        await asyncio.sleep(0.05)
+        await response.write(event("b") + event("c"))  # two events in one write
+        await asyncio.sleep(0.05)
+        await response.write(event("d", "length") + b"data: [DONE]")  # the last line without its newline
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        async with aiohttp.ClientSession() as http:
+            client = StreamingClient(http, f"http://127.0.0.1:{port}", "m", continuous_usage=False)
+            record = await client.send(spec(output_tokens=4), time.perf_counter())
+    finally:
+        await runner.cleanup()
+    assert record.status is Status.OK, record.error
+    assert record.output_tokens == 4
+    assert record.chunk_times is not None and len(record.chunk_times) == 4
+    first, second, third, fourth = record.chunk_times
+    assert first >= 0.045  # stamped when its line was complete, not when its first half arrived
+    assert third - second < 0.02 <= second - first  # arrived together, stamped together
+    assert fourth - third >= 0.04

@@ -303,3 +303,52 @@ def test_saber_in_the_simulator_accounts_for_every_request_and_keeps_its_promise
     met_low = sum(r.e2e_s <= r.slo.e2e_s for r in low) / len(low)
     assert met_high > 0.9
     assert met_low < 0.2
+
+
+def test_drift_correction_keeps_the_promises_on_an_engine_slower_than_profiled() -> None:
+    """f(L) profiled on the engine as calibrated, served by one whose steps all take 1.5x as long (a live
+    server whose speed has drifted): without the correction SABER admits requests that then miss; with it
+    the admitted ones meet their SLAs and more requests meet them in all."""
+    import asyncio
+
+    from core.backends.sim import SimBackend
+    from core.control.speed_model import offline_phase
+    from core.events import null_sink
+    from core.jobs import RunOptions, run_workload
+    from core.profile import PoissonArrival, load_calibration, load_profile
+
+    base = load_profile("saber-w3")
+    calibration = load_calibration(base)
+    model = offline_phase(base, calibration).models["usl"]
+    cost_fields = ("base_s", "per_token_s", "per_ctx_token_s", "per_spec_step_s", "per_seq_s")
+    slower = calibration.model_copy(
+        update={
+            "terms": [
+                term.model_copy(update={name: getattr(term, name) * 1.5 for name in cost_fields})
+                for term in calibration.terms
+            ]
+        }
+    )
+    workload = base.workload.model_copy(
+        update={"arrival": PoissonArrival(rate_rps=10), "requests": 600, "warmup_requests": 0}
+    )
+    profile = base.model_copy(update={"workload": workload})
+
+    def run(drift: bool) -> tuple[float, int, dict | None]:
+        backend = SimBackend(
+            slower,
+            profile.knobs,
+            seed=1,
+            policy_factory=lambda: SaberPolicy(model, drift_correction=drift, max_load=100),
+        )
+        result = asyncio.run(run_workload(profile, backend, null_sink, RunOptions()))
+        admitted = [r for r in result.records if r.tier == TIER_HIGH and r.ok]
+        met = sum(r.e2e_s <= r.slo.e2e_s for r in admitted)
+        return met / len(admitted), met, result.outcome.notes["mode"]["drift"]
+
+    plain_attainment, plain_met, no_drift = run(False)
+    corrected_attainment, corrected_met, drift = run(True)
+    assert no_drift is None and drift is not None
+    assert 0.55 < drift["ratio"] < 0.8  # it sees the engine running at about 1/1.5 of the profile
+    assert plain_attainment < 0.6 < 0.85 < corrected_attainment
+    assert corrected_met > plain_met

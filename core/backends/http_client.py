@@ -240,28 +240,46 @@ class StreamingClient:
                 raw = await response.read()
                 text = raw.decode("utf-8", errors="replace")
                 raise _StreamFailure(Status.ERROR, f"HTTP {response.status}: {_snippet(text)}")
-            async for line in response.content:  # one SSE line at a time, stamped as it is read
+            # Whatever bytes have arrived, in one read (as `vllm bench serve` reads them: iter_any), split
+            # into SSE lines here: a read per line costs the client two awaits per chunk, and on a CPU
+            # server the client's cycles are the engine's (they share the cores). Lines that arrived in one
+            # read are stamped with that read's time: that is when the client saw them.
+            pending = b""
+            now = 0.0
+            async for data in response.content.iter_any():
                 now = time.perf_counter() - run_start
-                if not line.startswith(b"data:"):
-                    continue  # blank separators, SSE comments and event/id fields carry no tokens
-                payload = line[len(b"data:") :].strip()
-                if payload == b"[DONE]":
-                    # Read on to the end of the body (it follows at once): a response left unread makes
-                    # aiohttp close the connection instead of reusing it, and a new connection per request
-                    # costs the server's API process, which is what limits a loaded CPU server.
-                    stream.done_s = now
+                pending += data
+                if b"\n" not in pending:
                     continue
-                if stream.done_s is not None:
-                    continue
-                try:
-                    data = json.loads(payload)
-                except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-                    text = payload.decode("utf-8", errors="replace")
-                    cause = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
-                    raise _StreamFailure(Status.ERROR, f"malformed SSE JSON ({cause}): {_snippet(text)}") from None
-                stream.add(data, now)
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    _read_line(line, now, stream)
+            if pending:
+                _read_line(pending, now, stream)  # a last line without its newline
         if stream.done_s is None and not stream.finished:
             raise _StreamFailure(Status.ERROR, "stream ended before [DONE] or a finish_reason")
+
+
+def _read_line(line: bytes, now: float, stream: _StreamState) -> None:
+    """One SSE line of a completions stream, received at `now` (run clock)."""
+    if not line.startswith(b"data:"):
+        return  # blank separators, SSE comments and event/id fields carry no tokens
+    payload = line[len(b"data:") :].strip()
+    if payload == b"[DONE]":
+        # Read on to the end of the body (it follows at once): a response left unread makes aiohttp close
+        # the connection instead of reusing it, and a new connection per request costs the server's API
+        # process, which is what limits a loaded CPU server.
+        stream.done_s = now
+        return
+    if stream.done_s is not None:
+        return
+    try:
+        data = json.loads(payload)
+    except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+        text = payload.decode("utf-8", errors="replace")
+        cause = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+        raise _StreamFailure(Status.ERROR, f"malformed SSE JSON ({cause}): {_snippet(text)}") from None
+    stream.add(data, now)
 
 
 class _StreamState:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -142,22 +143,45 @@ def read_request_meta(headers: Mapping[str, str], body: dict[str, Any], profile:
     )
 
 
+# What the counter reads from each streamed event, found by a byte scan instead of parsing the event. Inside a
+# JSON string every quote is escaped (\"), so `"key"` followed by a colon only ever matches a real key, never
+# text the model wrote. The patterns accept compact (vLLM's) and spaced (json.dumps) separators.
+_COMPLETION_TOKENS = re.compile(rb'"completion_tokens"\s*:\s*(\d+)')
+_TEXT = re.compile(rb'"(?:text|content)"\s*:\s*"[^"]')  # a non-empty text or delta content
+_FINISH_REASON = re.compile(rb'"finish_reason"\s*:\s*(?!null\b)\S')  # finish_reason other than null
+_ERROR_KEY = b'"error"'
+
+
 class SSETokenCounter:
     """Counts output tokens in an OpenAI-style SSE stream fed chunk by chunk, as they pass through.
 
     With vLLM's per-chunk usage (`continuous_usage_stats`) the count is the cumulative completion_tokens;
-    otherwise one token per chunk that carries text. A closing usage chunk's total wins. `finished` is True
-    once the stream sent `[DONE]` or a finish_reason.
+    otherwise one token per event that carries text. A closing usage chunk's total wins. `finished` is True
+    once the stream sent `[DONE]` or a finish_reason; `done` once it sent `[DONE]`, the last event of an
+    OpenAI stream; `error` holds an in-stream error object.
+
+    Events are scanned as bytes (`scan_event`), not parsed: the gateway relays every chunk of every stream,
+    and JSON-decoding each one cost more than all its other per-chunk work. An event that is not a JSON
+    object, or that has an "error" key, is parsed in full (`parse_event`); a test holds the two to the same
+    answers.
     """
 
     def __init__(self) -> None:
         self._partial = b""
         self.tokens = 0
         self.finished = False
+        self.done = False
         self.error: str | None = None
 
+    @property
+    def at_event_boundary(self) -> bool:
+        """True when everything fed so far ended with a complete line (no event cut in two)."""
+        return not self._partial
+
     def feed(self, data: bytes) -> None:
-        lines = (self._partial + data).split(b"\n")
+        if self._partial:
+            data = self._partial + data
+        lines = data.split(b"\n")
         self._partial = lines.pop()
         for line in lines:
             if line.startswith(b"data:"):
@@ -165,28 +189,59 @@ class SSETokenCounter:
 
     def _event(self, payload: bytes) -> None:
         if payload == b"[DONE]":
+            self.finished = self.done = True
+            return
+        if payload[:1] == b"{" and _ERROR_KEY not in payload:
+            usage_tokens, has_text, finished = scan_event(payload)
+        else:
+            read = parse_event(payload)
+            if read is None:
+                return  # not ours to judge: the client sees the same bytes
+            if isinstance(read, str):
+                self.error = read
+                return
+            usage_tokens, has_text, finished = read
+        if usage_tokens is not None:
+            self.tokens = usage_tokens
+        elif has_text:
+            self.tokens += 1
+        if finished:
             self.finished = True
-            return
-        try:
-            event = json.loads(payload)
-        except ValueError:
-            return  # not ours to judge: the client sees the same bytes
-        if not isinstance(event, dict):
-            return
-        if "error" in event:
-            self.error = str(event["error"])[:200]
-            return
-        usage = event.get("usage") or {}
-        choices = event.get("choices") or []
-        if usage.get("completion_tokens") is not None:
-            self.tokens = int(usage["completion_tokens"])
-        elif choices:
-            choice = choices[0]
-            delta = choice.get("delta") or {}
-            if choice.get("text") or delta.get("content"):
-                self.tokens += 1
-        if any(isinstance(c, dict) and c.get("finish_reason") is not None for c in choices):
-            self.finished = True
+
+
+EventFacts = tuple[int | None, bool, bool]  # usage completion_tokens, carries text, has a finish_reason
+
+
+def scan_event(payload: bytes) -> EventFacts:
+    """What one event (a JSON object without an "error" key) says, read by byte patterns."""
+    usage = _COMPLETION_TOKENS.search(payload)
+    return (
+        None if usage is None else int(usage[1]),
+        usage is None and _TEXT.search(payload) is not None,
+        _FINISH_REASON.search(payload) is not None,
+    )
+
+
+def parse_event(payload: bytes) -> EventFacts | str | None:
+    """What one event says, parsed as JSON: its facts, its error (a string), or None when it is no object."""
+    try:
+        event = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(event, dict):
+        return None
+    if "error" in event:
+        return str(event["error"])[:200]
+    usage = event.get("usage") or {}
+    choices = event.get("choices") or []
+    usage_tokens = None if usage.get("completion_tokens") is None else int(usage["completion_tokens"])
+    has_text = False
+    if usage_tokens is None and choices:
+        choice = choices[0]
+        delta = choice.get("delta") or {}
+        has_text = bool(choice.get("text") or delta.get("content"))
+    finished = any(isinstance(c, dict) and c.get("finish_reason") is not None for c in choices)
+    return usage_tokens, has_text, finished
 
 
 def completion_tokens(body: bytes) -> int:

@@ -18,7 +18,8 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from core.control.gateway import Gateway, GatewayError, policy_factory_for, probe_upstreams
+from core.control.gateway import Gateway, GatewayError, policy_factory_for
+from core.control.gateway_upstream import probe_upstreams
 from core.events import Event, to_json_line
 from core.profile import ProfileError, load_profile
 
@@ -50,12 +51,8 @@ def run_gateway(args: GatewayArgs) -> int:
         return EXIT_INTERRUPTED
 
 
-def _printer(log_requests: bool):  # type: ignore[no-untyped-def]
-    def sink(event: Event) -> None:
-        if event["event"] != "gateway_request" or log_requests:
-            print(to_json_line(event), flush=True)
-
-    return sink
+def _print_event(event: Event) -> None:
+    print(to_json_line(event), flush=True)
 
 
 async def _serve(args: GatewayArgs) -> int:
@@ -86,7 +83,8 @@ async def _serve(args: GatewayArgs) -> int:
         policy_factory=factory,
         host=args.host,
         port=args.port,
-        on_event=_printer(args.log_requests),
+        on_event=_print_event,
+        request_events=args.log_requests,  # otherwise no per-request event is even built
     )
     try:
         url = await gateway.start()

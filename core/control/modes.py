@@ -43,6 +43,7 @@ def _saber(ctx: ModeContext) -> Policy:
         best_effort_max_load=spec.best_effort_max_load,
         track_progress=spec.track_progress,
         feasibility=spec.feasibility,
+        drift_correction=spec.drift_correction,
         max_load=max(spec.profile_loads),
         fit_r2={kind: model.r2 for kind, model in speeds.models.items()},
         seed=ctx.seed,

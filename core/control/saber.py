@@ -19,6 +19,8 @@ Beyond the paper (single replica): with several replicas, a request goes to the 
 which both conditions hold. Two more departures are options, off by default (their measured effect is in
 the README): `track_progress` (protect what a running request still needs, not the speed recorded at its
 admission) and `feasibility="offered-load"` (demote above the speed the current load allows, not above f(1)).
+A third, `drift_correction`, is for live engines: it scales f(L) in the admission checks by how fast
+admitted requests actually ran against what f(L) predicted for them (core/control/speed_drift.py).
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ from core.control.policy import (
     ReplicaView,
     Verdict,
 )
+from core.control.speed_drift import SpeedDrift
 from core.control.speed_model import SpeedModel
 
 REQUIRED_SPEED_KEY = "saber_required_tps"  # ControlledRequest.state: the speed recorded at admission
+PREDICTED_SPEED_KEY = "saber_predicted_tps"  # ControlledRequest.state: f(L+1) as fitted, at admission
 
 
 def required_speed(max_tokens: int, deadline_s: float, now: float) -> float:
@@ -70,11 +74,13 @@ class SaberPolicy(Policy):
         max_load: int = 100,
         demand_window_s: float = 10.0,
         fit_r2: dict[str, float] | None = None,
+        drift_correction: bool = False,
         seed: int = 0,
     ) -> None:
         if window_size < 1:
             raise ValueError(f"window_size must be at least 1 (got {window_size})")
         self.model = speed_model
+        self.drift = SpeedDrift() if drift_correction else None
         self.fit_r2 = dict(fit_r2 or {speed_model.kind: speed_model.r2})  # R² of every model fitted (sec. VII)
         if feasibility not in ("fastest", "offered-load"):
             raise ValueError(f"feasibility must be 'fastest' or 'offered-load' (got {feasibility!r})")
@@ -226,7 +232,7 @@ class SaberPolicy(Policy):
         saving (the analogue of demotion for a queued request) and is no longer protected. This is our
         reading, beyond the paper's text; the paper-literal check is `track_progress: false`."""
         last_t, load = self._progress_at.get(replica.index, (now, replica.load))
-        gained = self.model(load) * max(0.0, now - last_t) if load else 0.0
+        gained = self._speed(load) * max(0.0, now - last_t) if load else 0.0
         floor = 0.0
         for req in replica.in_flight.values():
             if REQUIRED_SPEED_KEY not in req.state:
@@ -247,11 +253,12 @@ class SaberPolicy(Policy):
             req = window[int(i)]
             needed = self._required(req, now)  # line 9
             for index in sorted(loads, key=lambda k: (loads[k], k)):
-                predicted = self.model(loads[index] + 1)  # line 8
+                predicted = self._speed(loads[index] + 1)  # line 8
                 if predicted < needed or predicted < floor[index]:  # line 10
                     continue
                 self.high.remove(req)  # line 13
                 req.state[REQUIRED_SPEED_KEY] = needed  # the paper records it with the timestamp
+                req.state[PREDICTED_SPEED_KEY] = self.model(loads[index] + 1)
                 req.state["saber_admitted_s"] = now
                 loads[index] += 1
                 floor[index] = max(floor[index], needed)
@@ -275,13 +282,24 @@ class SaberPolicy(Policy):
         for index in sorted(loads, key=lambda k: (loads[k], k)):
             if cap is not None and loads[index] >= cap:
                 continue
-            if self.model(loads[index] + 1) < floor[index]:
+            if self._speed(loads[index] + 1) < floor[index]:
                 continue
             req = self.low.pop_left()
             loads[index] += 1
             self.released_low += 1
             return Release(req, index)
         return None
+
+    def _speed(self, load: float) -> float:
+        """f(load) as fitted, scaled by the measured drift when `drift_correction` is on."""
+        speed = self.model(load)
+        return speed if self.drift is None else speed * self.drift.ratio
+
+    def on_finish(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> None:
+        # Drift: what an admitted request got (its tokens over its time since admission) against f(L+1).
+        predicted = req.state.get(PREDICTED_SPEED_KEY)
+        if self.drift is not None and predicted is not None and req.dispatched_s is not None:
+            self.drift.observe(predicted, req.tokens_out, now - req.dispatched_s)
 
     def drain(self) -> list[ControlledRequest]:
         self._demotions.clear()
@@ -297,6 +315,7 @@ class SaberPolicy(Policy):
             "best_effort_max_load": self.best_effort_max_load,
             "track_progress": self.track_progress,
             "feasibility": self.feasibility,
+            "drift": None if self.drift is None else self.drift.describe(),
             "admitted_high": self.admitted_high,
             "released_low": self.released_low,
             "demoted": self.demoted,

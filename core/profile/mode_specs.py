@@ -138,6 +138,9 @@ class SaberSpec(Strict):
     # its required speed exceeds f(1); "offered-load" (ours), once it exceeds f(L*), L* the concurrency the
     # recent arrivals need (see SaberPolicy._feasible_speed).
     feasibility: Literal["fastest", "offered-load"] = "fastest"
+    # Scale f(L) in the admission checks by observed / predicted speed of recent admitted requests (ours,
+    # beyond the paper; see core/control/speed_drift.py): for live servers whose speed drifts from the profile.
+    drift_correction: bool = False
     # `--job compare`'s fcfs-best-static baseline: fcfs at each of these max_num_seqs, the best one kept
     # (the paper sweeps static caps 10-100 in steps of 10, sec. III-B).
     static_caps: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = Field(

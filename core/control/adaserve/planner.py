@@ -22,9 +22,10 @@ from core.control.adaserve.scheduler import AcceptanceRun, DecodeBatch, StaticSc
 from core.control.policy import ControlledRequest, Policy
 from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.sim.perf_model import StepTimeModel
+from core.sim.stepwise import BatchPlan, plan_fcfs_prefill
 
 if TYPE_CHECKING:
-    from core.sim.stepwise import BatchPlan, StepRequest, StepwiseReplica
+    from core.sim.stepwise import StepRequest, StepwiseReplica
 
 Scheduler = TreeScheduler | StaticScheduler
 NO_TPOT_PRIORITY = 1_000_000  # vLLM priority of a request without a TPOT SLO: after every one that has one
@@ -53,8 +54,6 @@ class TreePlanner:
         self._emitted: dict[StepRequest, int] = {}
 
     def plan(self, replica: StepwiseReplica, now: float) -> BatchPlan:
-        from core.sim.stepwise import BatchPlan, plan_fcfs_prefill
-
         decoding = replica.decoding
         batch = BatchPlan()
         verified = 0
@@ -86,13 +85,22 @@ class TreePlanner:
         size = depth * width
         emitted: dict[StepRequest, int] = {}
         total = 0
+        tracked = self._tracked
         for item in decoding:
-            run = self._next_run(item)
-            tokens = 1 + run.full_tree_accepted(depth, width)[run.next - 1]
-            emitted[item] = tokens
+            track = tracked.get(item)
+            if track is None or track.run.next >= track.run.length:
+                run = self._next_run(item)
+            else:  # (the common case of _next_run, inline)
+                run = track.run
+                run.next += 1
+            known = run.full.get(shape)
+            if known is None:
+                known = run.full_tree_accepted(depth, width, run.next - 1)
+            emitted[item] = tokens = 1 + known[run.next - 1]
             total += tokens
         self._emitted = emitted
-        batch.decode = [(item, size + 1) for item in decoding]
+        verify = size + 1
+        batch.decode = [(item, verify) for item in decoding]
         batch.spec_steps = depth
         self.scheduler.record(len(decoding), len(decoding) * (size + 1), total)
         return len(decoding) * (size + 1)
@@ -116,18 +124,29 @@ class TreePlanner:
         # that will share the step (what is pending, within what the verification leaves of the budget).
         prefill = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
         step_s = replica.model.step_time(budget + prefill, replica.kv_used, spec_steps, n + (prefill > 0))
-        rows = []
+        # Columns as Python lists, each turned into one array (faster than an array of row tuples).
+        needs: list[float] = []
+        estimates: list[float] = []
+        truths: list[float] = []
+        uniforms: list[float] = []
         tracked = self._tracked
         for item in decoding:
-            run = self._next_run(item)
-            track = tracked[item]
-            truth, estimate, uniform = run.row(run.next - 1)
+            track = tracked.get(item)
+            if track is None or track.run.next >= track.run.length:
+                run = self._next_run(item)
+                track = tracked[item]
+            else:  # (the common case of _next_run, inline)
+                run = track.run
+                run.next += 1
+            step = run.next - 1
             # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it.
-            rows.append(
-                ((now - track.first_token_s + step_s) / track.tpot_s - item.generated, truth, estimate, uniform)
-            )
-        columns = np.array(rows).T
-        return DecodeBatch(budget, columns[0], columns[1], columns[2], columns[3])
+            needs.append((now - track.first_token_s + step_s) / track.tpot_s - item.generated)
+            truths.append(run.truth_list[step])
+            estimates.append(run.estimate_list[step])
+            uniforms.append(run.uniform_list[step])
+        # The draft's estimates then the true rates, in one array: the step prices both in one pass.
+        paired = np.array(estimates + truths)
+        return DecodeBatch(budget, np.array(needs), paired[n:], paired[:n], np.array(uniforms), paired)
 
     def _track(self, item: StepRequest) -> _Tracked:
         tpot = item.req.spec.slo.tpot_s

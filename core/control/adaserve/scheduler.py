@@ -19,6 +19,7 @@ from core.control.adaserve.speculation import (
     accepted_draft_tokens,
     candidate_shape,
     chain_selection,
+    clip_acceptance,
     draft_estimate,
     full_selection,
     path_probabilities,
@@ -51,6 +52,9 @@ class DecodeBatch:
     truth: np.ndarray  # this step's true local acceptance a (speculation.py)
     estimate: np.ndarray  # the draft's estimate â of it
     uniforms: np.ndarray  # one U(0, 1) per request: draws the accepted depth
+    # `estimate` then `truth` in one array, already through clip_acceptance, when the caller has it (saves
+    # the step a copy and the clip).
+    paired: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.need)
@@ -73,24 +77,29 @@ class AcceptanceRun:
     length: int  # steps drawn
     next: int = 0
     # Accepted draft tokens at every step if the whole (d, w) candidate tree is verified, by (d, w).
-    _full: dict[tuple[int, int], list[int]] = field(default_factory=dict)
-    _rows: list[tuple[float, float, float]] | None = None
+    full: dict[tuple[int, int], list[int]] = field(default_factory=dict)
+    # The three arrays as Python lists (the planner reads one entry of each per step).
+    truth_list: list[float] = field(default_factory=list)
+    estimate_list: list[float] = field(default_factory=list)
+    uniform_list: list[float] = field(default_factory=list)
 
-    def row(self, index: int) -> tuple[float, float, float]:
-        """(a, the draft's estimate, uniform) of step `index`, as Python floats (built on first use)."""
-        if self._rows is None:
-            self._rows = list(zip(self.truth.tolist(), self.estimate.tolist(), self.uniforms.tolist(), strict=True))
-        return self._rows[index]
+    def __post_init__(self) -> None:
+        # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same).
+        self.truth_list = clip_acceptance(self.truth).tolist()
+        self.estimate_list = clip_acceptance(self.estimate).tolist()
+        self.uniform_list = self.uniforms.tolist()
 
-    def full_tree_accepted(self, depth: int, width: int) -> list[int]:
-        """The draws of `accepted_draft_tokens` for the full candidate tree, for all steps at once: they use
-        the same per-step truth and uniform as the general path, so the outcome is the same."""
-        known = self._full.get((depth, width))
+    def full_tree_accepted(self, depth: int, width: int, start: int = 0) -> list[int]:
+        """The draws of `accepted_draft_tokens` for the full candidate tree, for steps `start` on at once (the
+        entries before `start` are 0: steps already taken are not asked again): they use the same per-step
+        truth and uniform as the general path, so the outcome is the same."""
+        known = self.full.get((depth, width))
         if known is None:
             shape = candidate_shape(depth, width)
-            selection = full_selection(self.length, shape.size)
-            probs = path_probabilities(shape, self.truth)
-            known = self._full[(depth, width)] = accepted_draft_tokens(shape, selection, probs, self.uniforms).tolist()
+            selection = full_selection(self.length - start, shape.size)
+            probs = path_probabilities(shape, self.truth[start:])
+            drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:]).tolist()
+            known = self.full[(depth, width)] = [0] * start + drawn
         return known
 
 
@@ -117,6 +126,9 @@ class TreeScheduler:
         self.steps = 0
         self.verified_tokens = 0  # roots included, over the run
         self.slo_tokens = 0  # draft tokens chosen in the SLO-customized phase
+        self.selection_steps = 0  # steps that ran Algorithm 2's selection (the budget did not hold every tree)
+        self.slo_served = 0  # requests given tokens by the SLO-customized phase, summed over steps
+        self.slo_served_beyond_tree = 0  # of which needing more accepted drafts than the tree's depth
         self.draft_tokens = 0
         self.emitted_tokens = 0  # accepted drafts + the verifier's own token
 
@@ -168,10 +180,16 @@ class TreeScheduler:
             selection = full_selection(n, shape.size)
             accepted = accepted_draft_tokens(shape, selection, path_probabilities(shape, batch.truth), batch.uniforms)
         else:
-            both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
+            if batch.paired is not None:
+                both = path_probabilities(shape, batch.paired, clipped=True)
+            else:
+                both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
             need = batch.need if self.spec.slo_selection else np.minimum(batch.need, 0.0)  # ablation: none behind
             selection = select(both[:n], need, batch.budget, depth, self.spec.n_max)
             accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
+            self.selection_steps += 1
+        self.slo_served += selection.behind
+        self.slo_served_beyond_tree += selection.beyond_tree
         self.slo_tokens += selection.slo_total  # the rest of the account: record(), from the planner's lists
         return StepDecision(verified=selection.counts + 1, emitted=accepted + 1, spec_steps=depth)
 
@@ -188,6 +206,11 @@ class TreeScheduler:
             "verified_tokens_per_step": round(self.verified_tokens / steps, 2),
             "draft_tokens_per_step": round(self.draft_tokens / steps, 2),
             "slo_share_of_drafts": round(self.slo_tokens / max(self.draft_tokens, 1), 3),
+            "selection_steps": self.selection_steps,
+            "slo_served_per_selection_step": round(self.slo_served / max(self.selection_steps, 1), 2),
+            "slo_served_beyond_tree_per_selection_step": round(
+                self.slo_served_beyond_tree / max(self.selection_steps, 1), 2
+            ),
             "acceptance_of_drafts": round(
                 (self.emitted_tokens - self.verified_tokens + self.draft_tokens) / max(self.draft_tokens, 1), 3
             ),

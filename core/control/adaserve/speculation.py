@@ -47,10 +47,8 @@ class CandidateShape:
     parent: np.ndarray  # (N,) int
     rank: np.ndarray  # (N,) int, 1-based rank among its parent's children
     level_onehot: np.ndarray  # (N, d) float: column k-1 marks the nodes at depth k
-
-    @property
-    def size(self) -> int:
-        return len(self.depth)
+    exponents: np.ndarray  # (2, N) float: depth and offset, the exponents of a and 1 - a
+    size: int  # N
 
 
 @functools.lru_cache(maxsize=256)
@@ -88,13 +86,24 @@ def candidate_shape(depth: int, width: int) -> CandidateShape:
         parent=np.array(parents, dtype=np.int64),
         rank=np.array(ranks, dtype=np.int64),
         level_onehot=onehot,
+        exponents=np.array([depths, offsets], dtype=float),
+        size=len(depths),
     )
 
 
-def path_probabilities(shape: CandidateShape, acceptance: np.ndarray) -> np.ndarray:
-    """(n, N) path probabilities a^depth (1 - a)^offset of every candidate node for each request's a."""
-    a = np.minimum(np.maximum(acceptance, EPS), 1.0 - EPS)
-    return np.exp(np.log(a)[:, None] * shape.depth + np.log1p(-a)[:, None] * shape.offset)
+def clip_acceptance(acceptance: np.ndarray) -> np.ndarray:
+    """Acceptance rates kept inside (0, 1), where their logarithms are finite."""
+    return np.minimum(np.maximum(acceptance, EPS), 1.0 - EPS)
+
+
+def path_probabilities(shape: CandidateShape, acceptance: np.ndarray, *, clipped: bool = False) -> np.ndarray:
+    """(n, N) path probabilities a^depth (1 - a)^offset of every candidate node for each request's a
+    (`clipped`: the caller already passed `acceptance` through clip_acceptance)."""
+    a = acceptance if clipped else clip_acceptance(acceptance)
+    depth, offset = shape.exponents
+    logs = np.log(a)[:, None] * depth
+    logs += np.log1p(-a)[:, None] * offset
+    return np.exp(logs, out=logs)
 
 
 def draft_estimate(true_acceptance: np.ndarray, mismatch: float, overconfidence: float, rng: np.random.Generator):
@@ -117,6 +126,8 @@ class Selection:
     slo_counts: np.ndarray  # (n,) int: of which chosen in the SLO-customized phase
     selected: np.ndarray  # (n, N) bool
     slo_total: int = 0  # slo_counts.sum()
+    behind: int = 0  # requests behind their TPOT SLO (need > 0) that the SLO-customized phase served
+    beyond_tree: int = 0  # of which needing more than the tree's depth of accepted drafts (A(r) > d + 1)
 
     @property
     def verified_tokens(self) -> int:
@@ -139,34 +150,67 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
     less probable than its parent, so any top set is a connected tree."""
     n, size = approx.shape
     remaining = budget - n
-    slo_counts = np.zeros(n, dtype=np.int64)
     if remaining >= n * size:  # every candidate fits: whatever the phases pick, they pick everything
         return full_selection(n, size)
+    slo_counts = np.zeros(n, dtype=np.int64)
     selected = np.zeros((n, size), dtype=bool)
-    slo_total = 0
-    behind = np.flatnonzero(need > 0.0)
-    if len(behind) and remaining > 0:
+    slo_total = served = beyond = 0
+    behind = np.flatnonzero(need > 0.0) if remaining > 0 else ()
+    if len(behind):
         # SLO-customized phase: the largest need first, each request whole until the budget runs out.
-        rows = behind[np.argsort(-need[behind], kind="stable")]
-        order = np.argsort(-approx[rows], axis=1, kind="stable")
-        ranked = np.take_along_axis(approx[rows], order, axis=1)
-        cap = np.minimum(need[rows], float(depth))
-        wanted = np.minimum((np.cumsum(ranked, axis=1) < cap[:, None]).sum(axis=1) + 1, min(size, n_max))
+        behind_need = need[behind]
+        order_of_rows = np.argsort(-behind_need, kind="stable")
+        rows = behind[order_of_rows]
+        approx_rows = approx[rows]
+        order = np.argsort(-approx_rows, axis=1, kind="stable")
+        ranked = approx_rows[_row_index(len(rows)), order]
+        cap = np.minimum(behind_need[order_of_rows], float(depth))
+        wanted = (np.cumsum(ranked, axis=1) < cap[:, None]).sum(axis=1) + 1
+        # n_max: the most tokens the phase adds to one tree (Algorithm 2's inputs; its line 12 compares the
+        # tree's size with the root, one fewer: we follow the stated meaning). A_cap = min(A(r), d + 1) is
+        # `cap` here in draft tokens (need = A(r) - 1, the root counted as accepted, line 6).
+        np.minimum(wanted, min(size, n_max), out=wanted)
         granted = np.minimum(np.maximum(remaining - (np.cumsum(wanted) - wanted), 0), wanted)
         slo_counts[rows] = granted
-        selected[rows[:, None], order] = np.arange(size) < granted[:, None]
+        selected[rows[:, None], order] = _positions(size) < granted[:, None]
         slo_total = int(granted.sum())
         remaining -= slo_total
+        served = int(np.count_nonzero(granted))
+        beyond = int(np.count_nonzero(behind_need[order_of_rows][granted > 0] > depth))
     # Throughput-optimized phase: the globally most probable of what is left.
     if remaining > 0:
         available = n * size - slo_total
         if remaining >= available:
             selected[:] = True
         else:
-            left = np.where(selected, -1.0, approx).ravel()
-            top = np.argpartition(left, len(left) - remaining)[len(left) - remaining :]
+            # Nothing chosen yet: the estimates themselves (argpartition does not modify its input).
+            left = np.where(selected, -1.0, approx).ravel() if slo_total else approx.ravel()
+            top = np.argpartition(left, left.size - remaining)[left.size - remaining :]
             selected.ravel()[top] = True
-    return Selection(counts=selected.sum(axis=1), slo_counts=slo_counts, selected=selected, slo_total=slo_total)
+    return Selection(
+        counts=selected.sum(axis=1),
+        slo_counts=slo_counts,
+        selected=selected,
+        slo_total=slo_total,
+        behind=served,
+        beyond_tree=beyond,
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _positions(size: int) -> np.ndarray:
+    """0..size-1 (read-only: shared between calls)."""
+    positions = np.arange(size)
+    positions.flags.writeable = False
+    return positions
+
+
+@functools.lru_cache(maxsize=1024)
+def _row_index(rows: int) -> np.ndarray:
+    """A (rows, 1) column 0..rows-1 for row-wise fancy indexing (read-only: shared between calls)."""
+    index = np.arange(rows)[:, None]
+    index.flags.writeable = False
+    return index
 
 
 def accepted_draft_tokens(

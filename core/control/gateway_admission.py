@@ -1,0 +1,306 @@
+"""The gateway's admission controller: a scheduling mode's `Policy` run in wall time over live requests.
+
+This is the half of the admission gateway (core/control/gateway.py) that knows no HTTP. Each request is a
+`ControlledRequest`; the policy decides, as the simulator's controller does in virtual time:
+- release: it goes to that upstream at once (`admit()` returns and the HTTP side forwards it);
+- hold: it waits in the policy's queues; `release()` is asked again after every arrival and completion and at
+  `next_wakeup()`; a request still held when the arrivals end (or the gateway stops) is `deferred`;
+- reject: it ends `rejected` with the policy's reason.
+What each upstream serves is tracked here (`Upstream.in_flight` / `load`, the policy's `ReplicaView`); the
+engine's queue and KV use are not polled, so those are 0 in the view. Every request ends in exactly one
+counter: completed, rejected, deferred or failed (`GatewayStats.accounted()`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from core.control.policy import ControlledRequest, Policy, Verdict
+from core.events import EventSink, make_event
+from core.profile import Profile, ProfileError
+
+PolicyFactory = Callable[[str], Policy]
+
+REJECTED_BY_MODE = "rejected by the scheduling mode"
+HELD_AT_END = "held when the run ended; never served"
+
+
+@dataclass(slots=True)
+class GatewayStats:
+    """Counters since the gateway started. Every received request ends in exactly one of the four outcomes;
+    until then it is `held` (in the policy's queues) or `in_flight` (at an upstream)."""
+
+    received: int = 0
+    completed: int = 0
+    rejected: int = 0
+    deferred: int = 0
+    failed: int = 0
+    held: int = 0
+    in_flight: int = 0
+    policy_swaps: int = 0
+
+    def accounted(self) -> bool:
+        ended = self.completed + self.rejected + self.deferred + self.failed
+        return ended + self.held + self.in_flight == self.received
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class Decision:
+    """How one request ended at the gateway (kept by the caller's request id, for an embedded run's records)."""
+
+    outcome: str  # completed, rejected, deferred, failed
+    reason: str | None = None
+    tier: str | None = None
+    replica: int | None = None
+    arrival_s: float = 0.0  # gateway clock
+    dispatched_s: float | None = None  # gateway clock
+
+
+@dataclass(slots=True)
+class Upstream:
+    """One upstream server as the policy sees it (a `ReplicaView`)."""
+
+    index: int
+    url: str
+    in_flight: dict[int, ControlledRequest] = field(default_factory=dict)
+    served: int = 0
+
+    @property
+    def load(self) -> int:
+        return len(self.in_flight)
+
+    @property
+    def engine_waiting(self) -> int:
+        return 0  # the gateway does not poll the engine's queue
+
+    @property
+    def kv_usage(self) -> float:
+        return 0.0
+
+
+@dataclass(slots=True)
+class HeldRequest:
+    """A request waiting in the policy's queues; `waiter` gets ("release", replica), ("reject", reason) or
+    ("defer", reason)."""
+
+    request: ControlledRequest
+    waiter: asyncio.Future[tuple[str, Any]]
+    client_request_id: str | None
+
+
+class AdmissionController:
+    """Run `policy` over requests bound for `upstreams` (base URLs), in wall time on the running loop."""
+
+    def __init__(
+        self,
+        upstreams: Sequence[str],
+        policy: Policy,
+        *,
+        profile: Profile | None = None,
+        policy_factory: PolicyFactory | None = None,
+        on_event: EventSink | None = None,
+        request_events: bool = True,
+    ) -> None:
+        self.upstreams = [Upstream(i, url.rstrip("/")) for i, url in enumerate(upstreams)]
+        self.policy = policy
+        self.profile = profile
+        self.policy_factory = policy_factory
+        self.on_event = on_event
+        self.request_events = request_events  # one `gateway_request` event per request to `on_event`
+        self.stats = GatewayStats()
+        self.decisions: dict[str, Decision] = {}  # by the caller's request id, when it sent one
+        # After `end_arrivals()` (an embedded run's load has been sent) nothing is held any more: a hold
+        # verdict is answered `deferred` at once, as the simulator defers what is still held at the end.
+        self.arrivals_ended = False
+        self._held: dict[int, HeldRequest] = {}
+        self._clock_zero = time.perf_counter()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def now(self) -> float:
+        return time.perf_counter() - self._clock_zero
+
+    # ------------------------------------------------------------------ one request
+
+    async def admit(self, request: ControlledRequest, client_id: str | None) -> tuple[str, str | None]:
+        """Ask the policy about a request that just arrived; wait while it is held. Returns ("release", None)
+        once it is dispatched to `request.replica` (the caller forwards it, then calls `finish()`), or
+        ("rejected", reason) / ("deferred", reason) / ("failed", reason), already counted and finished."""
+        now = request.arrival_s
+        verdict = self.policy.on_arrival(request, now, self.upstreams)
+        if verdict.action == "reject":
+            reason = verdict.reason or REJECTED_BY_MODE
+            self.finish(request, "rejected", reason, client_id)
+            return "rejected", reason
+        if verdict.action == "release":
+            assert verdict.replica is not None
+            self._dispatch(request, verdict.replica, verdict.tier, now)
+            self._pump()
+            return "release", None
+        request.tier = verdict.tier
+        waiter: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
+        held = HeldRequest(request, waiter, client_id)
+        self._held[request.request_id] = held
+        self.stats.held += 1
+        if self.arrivals_ended:
+            self._resolve(held, ("defer", "arrived after the run ended; never served"))
+        else:
+            self._pump()
+        try:
+            action, detail = await waiter
+        except asyncio.CancelledError:
+            if self._held.pop(request.request_id, None) is not None:
+                self.stats.held -= 1
+            self.finish(request, "failed", "client disconnected while held", client_id)
+            raise
+        if action == "reject":
+            self.finish(request, "rejected", detail, client_id)
+            return "rejected", detail
+        if action == "defer":
+            self.finish(request, "deferred", detail, client_id)
+            return "deferred", detail
+        return "release", None
+
+    def finish(self, request: ControlledRequest, outcome: str, reason: str | None, client_id: str | None) -> None:
+        """Count a request's outcome, free its upstream slot and tell the policy."""
+        now = self.now()
+        if request.replica is not None and request.request_id in self.upstreams[request.replica].in_flight:
+            upstream = self.upstreams[request.replica]
+            del upstream.in_flight[request.request_id]
+            upstream.served += 1
+            self.stats.in_flight -= 1
+            self.policy.on_finish(request, now, self.upstreams)
+        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+        if client_id is not None:
+            self.decisions[client_id] = Decision(
+                outcome, reason, request.tier, request.replica, request.arrival_s, request.dispatched_s
+            )
+        if self.request_events and self.on_event is not None:
+            self._emit(
+                "gateway_request",
+                id=client_id,
+                task=request.spec.task,
+                outcome=outcome,
+                reason=reason,
+                tier=request.tier,
+                replica=request.replica,
+                queued_s=None if request.dispatched_s is None else request.dispatched_s - request.arrival_s,
+                e2e_s=now - request.arrival_s,
+                tokens_out=request.tokens_out,
+            )
+        self._pump()
+
+    # ------------------------------------------------------------------ the mode
+
+    def end_arrivals(self) -> int:
+        """The load is over: answer every held request `deferred` (and any later hold too). Returns how many."""
+        self.arrivals_ended = True
+        return self._defer_held(HELD_AT_END)
+
+    def swap_policy(self, policy: Policy) -> None:
+        """Run `policy` from now on. Held requests are offered to it again with their original arrival
+        times (their deadlines stand); requests already at an upstream finish there and stay in its load."""
+        old = self.policy
+        carried = [r for r in old.drain() if r.request_id in self._held]
+        self.policy = policy
+        self.stats.policy_swaps += 1
+        now = self.now()
+        for request in carried:
+            self._apply(request, self.policy.on_arrival(request, now, self.upstreams), now)
+        settings = policy.describe()
+        self._emit("gateway_mode", mode=policy.name, previous=old.name, carried=len(carried), settings=settings)
+        self._pump()
+
+    def swap_mode(self, name: str) -> Policy:
+        """Build mode `name` with the policy factory and swap to it. Raises ProfileError for an unknown mode."""
+        if self.policy_factory is None:
+            raise ProfileError("this gateway was started without a mode registry; it cannot change mode")
+        policy = self.policy_factory(name)
+        self.swap_policy(policy)
+        return policy
+
+    def snapshot(self) -> dict[str, Any]:
+        return {
+            "mode": self.policy.name,
+            **self.stats.as_dict(),
+            "accounted": self.stats.accounted(),
+            "upstreams": [{"url": u.url, "load": u.load, "served": u.served} for u in self.upstreams],
+        }
+
+    def cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # ------------------------------------------------------------------ internals
+
+    def _apply(self, request: ControlledRequest, verdict: Verdict, now: float) -> None:
+        """Carry out a verdict for a request that is already held (waiting on its future)."""
+        held = self._held[request.request_id]
+        if verdict.action == "release":
+            assert verdict.replica is not None
+            self._dispatch(request, verdict.replica, verdict.tier, now)
+            self._resolve(held, ("release", verdict.replica))
+        elif verdict.action == "reject":
+            self._resolve(held, ("reject", verdict.reason or REJECTED_BY_MODE))
+        else:
+            request.tier = verdict.tier
+            if self.arrivals_ended:
+                self._resolve(held, ("defer", HELD_AT_END))
+
+    def _resolve(self, held: HeldRequest, result: tuple[str, Any]) -> None:
+        self._held.pop(held.request.request_id, None)
+        self.stats.held -= 1
+        if not held.waiter.done():
+            held.waiter.set_result(result)
+
+    def _dispatch(self, request: ControlledRequest, replica: int, tier: str, now: float) -> None:
+        request.replica = replica
+        request.tier = tier
+        request.dispatched_s = now
+        self.upstreams[replica].in_flight[request.request_id] = request
+        self.stats.in_flight += 1
+
+    def _pump(self) -> None:
+        """Ask the policy what to release now, and when to ask again."""
+        if self.policy.passthrough and not self._held and self._timer is None:
+            return  # fcfs-like: it releases on arrival and never holds, so there is nothing to ask
+        now = self.now()
+        for release in self.policy.release(now, self.upstreams):
+            held = self._held.get(release.request.request_id)
+            if held is None:  # its client hung up while it waited: it never reaches an upstream
+                self.policy.on_finish(release.request, now, self.upstreams)
+                continue
+            self._dispatch(release.request, release.replica, release.request.tier, now)
+            self._resolve(held, ("release", release.replica))
+        self._arm_timer(now)
+
+    def _arm_timer(self, now: float) -> None:
+        wakeup = self.policy.next_wakeup(now)
+        self.cancel_timer()
+        if math.isfinite(wakeup) and self._held:
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, wakeup - now), self._pump)
+
+    def _defer_held(self, reason: str) -> int:
+        drained = self.policy.drain()
+        drained_ids = {r.request_id for r in drained}
+        # Whatever the policy did not return is deferred too: no request may stay unanswered.
+        leftovers = [h.request for h in self._held.values() if h.request.request_id not in drained_ids]
+        count = 0
+        for request in [*drained, *leftovers]:
+            held = self._held.get(request.request_id)
+            if held is not None:
+                self._resolve(held, ("defer", reason))
+                count += 1
+        return count
+
+    def _emit(self, name: str, **fields: Any) -> None:
+        if self.on_event is not None:
+            self.on_event(make_event(name, **fields))
