@@ -2,7 +2,7 @@
 
     python benchmarks/adaserve_vs_static.py [--rates 10 12 14] [--trace-scales 1 0.25] [--widths 1 2 3 4 5 6]
         [--mismatch 0 0.5 1 2] [--overconfidence -2 -1 1 2] [--speed-repeats 5] [--speed-only]
-        [--diagnose [--n-max 2 4]]
+        [--diagnose [--n-max 2 4] [--strictest-least-predictable]]
 
 For each workload (adaserve-mix at each `--rates` RPS, adaserve-trace replayed at each `--trace-scales`
 time scale: 0.25 = four times as fast) it runs on the same arrivals:
@@ -68,6 +68,21 @@ def with_time_scale(profile: Profile, scale: float) -> Profile:
     assert trace is not None, "time scaling needs a trace"
     workload = profile.workload.model_copy(update={"trace": trace.model_copy(update={"time_scale": scale})})
     copy = profile.model_copy(update={"workload": workload})
+    copy._source = profile._source
+    return copy
+
+
+def strictest_least_predictable(profile: Profile) -> Profile:
+    """The same mix with its tasks' acceptance rates permuted so that the stricter a task's TPOT SLO, the
+    less predictable its text (a diagnosis: in the shipped mix the strictest task is also the most
+    predictable, so throughput-optimal trees already favour it)."""
+    tasks = profile.workload.tasks
+    by_strictness = sorted(tasks, key=lambda t: t.slo.tpot_s or float("inf"))
+    rates = sorted(t.acceptance for t in tasks if t.acceptance is not None)
+    assert len(rates) == len(tasks), "every task needs an acceptance rate"
+    given = {t.name: rate for t, rate in zip(by_strictness, rates, strict=True)}
+    permuted = [t.model_copy(update={"acceptance": given[t.name]}) for t in tasks]
+    copy = profile.model_copy(update={"workload": profile.workload.model_copy(update={"tasks": permuted})})
     copy._source = profile._source
     return copy
 
@@ -168,11 +183,12 @@ def speed(profile: Profile, seed: int, repeats: int = 5) -> None:
         )
 
 
-def diagnose(profile: Profile, n_max_values: list[int], seed: int) -> None:
+def diagnose(profile: Profile, n_max_values: list[int], widths: list[int], seed: int) -> None:
     """Where AdaServe's SLO-customized phase spends the budget (README: why it loses past saturation): per
     variant, the requests it served per selection step and how many of them needed more accepted drafts than
     the tree is deep (A(r) > d + 1, beyond one step's reach), its share of the draft tokens, the draft
-    acceptance, the strictest category's TPOT percentiles; the default, without the phase, and other n_max."""
+    acceptance, the strictest category's TPOT percentiles; the default, without the phase, and other n_max;
+    then the best static width for reference."""
     calibration = load_calibration(profile)
     ablated = profile.adaserve.model_copy(update={"slo_selection": False})
     variants = [("adaserve", profile.adaserve), ("no SLO phase", ablated)]
@@ -184,7 +200,8 @@ def diagnose(profile: Profile, n_max_values: list[int], seed: int) -> None:
     strict = min(profile.workload.tasks, key=lambda t: t.slo.tpot_s or float("inf")).name
     rate = getattr(profile.workload.arrival, "rate_rps", None)
     where = f"{profile.name} at {rate:g} RPS" if rate is not None else profile.name
-    print(f"\nAdaServe's SLO-customized phase on {where} ({strict} has the strictest TPOT SLO)")
+    rates = ", ".join(f"{t.name} {t.acceptance:g}" for t in profile.workload.tasks)
+    print(f"\nAdaServe's SLO-customized phase on {where} ({strict} has the strictest TPOT SLO; acceptance {rates})")
     print(
         f"{'variant':<14} {'violations':>10} {'goodput':>8} {'SLO share':>9} {'served/step':>11} {'beyond d':>8} "
         f"{'acceptance':>10} {strict[:10] + ' TPOT p50/p90 ms':>26}"
@@ -204,6 +221,18 @@ def diagnose(profile: Profile, n_max_values: list[int], seed: int) -> None:
             f"{info['slo_served_per_selection_step']:>11.2f} {info['slo_served_beyond_tree_per_selection_step']:>8.2f} "
             f"{info['acceptance_of_drafts']:>10.3f} {1000 * p50:>15.1f} / {1000 * p90:.1f}"
         )
+    statics = [
+        run(
+            f"static-spec-{w}",
+            profile,
+            calibration,
+            partial(StaticSpeculationPolicy, w, profile.adaserve, calibration, seed),
+            seed,
+        )
+        for w in widths
+    ]
+    best = max(statics, key=lambda r: (r.goodput_tps, -r.violations))
+    print(f"{'best ' + best.name:<14} {best.violations:>10} {best.goodput_tps:>8.1f}")
 
 
 def main() -> None:
@@ -220,10 +249,18 @@ def main() -> None:
         "--diagnose", action="store_true", help="only the SLO-phase diagnosis, at each of --rates on adaserve-mix"
     )
     parser.add_argument("--n-max", type=int, nargs="+", default=[2, 4], help="n_max values the diagnosis adds")
+    parser.add_argument(
+        "--strictest-least-predictable",
+        action="store_true",
+        help="diagnose a mix whose acceptance rates are permuted: the stricter the TPOT SLO, the lower the rate",
+    )
     args = parser.parse_args()
     if args.diagnose:
+        mix = load_profile("adaserve-mix")
+        if args.strictest_least_predictable:
+            mix = strictest_least_predictable(mix)
         for rate in args.rates:
-            diagnose(with_rate(load_profile("adaserve-mix"), rate), args.n_max, args.seed)
+            diagnose(with_rate(mix, rate), args.n_max, args.widths, args.seed)
         return
     if args.speed_only:
         speed(load_profile("adaserve-mix"), args.seed, args.speed_repeats)
