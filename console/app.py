@@ -1,6 +1,6 @@
 """The operator console: a Textual app over the same event stream the batch runner prints.
 
-`create_app(...)` is the one factory the CLI (`run_app`) and the tests use (posting's pattern). Jobs run in
+`create_app(...)` (console/launch.py) is the one factory the CLI (`run_app`) and the tests use. Jobs run in
 Textual workers on the app's event loop: the simulator yields between slices of virtual time and the live
 backends await HTTP, so the UI never freezes. Every event is folded into `console.session.Session` at once
 (cheap) and announced with a coalescing `SessionChanged` message; redraws are capped at a few per second,
@@ -9,10 +9,8 @@ so a fast stream never makes the UI lag behind.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -26,19 +24,20 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Button, TabbedContent
 
+from console.app_modes import ModeSwitchMixin
+from console.app_process import ProcessTabMixin
+from console.app_tuner import TunerJobMixin
 from console.export import default_out_dir, export_factsheet, tuning_section
-from console.messages import FactsheetWritten, ServerStateChanged, SessionChanged
+from console.messages import FactsheetWritten, SessionChanged
 from console.screens.help import HelpScreen
 from console.screens.main import TABS, MainScreen
 from console.session import Session
-from console.widgets.format import knobs_text
-from console.widgets.modes import ModeChosen
-from console.widgets.process import KnobEditor, KnobsInvalid, ProcessView
+from console.widgets.process import KnobEditor, KnobsInvalid
 from core.backends.base import Backend, BackendUnavailable
 from core.backends.load_thread import LoadThread
 from core.events import Event
 from core.jobs import RunOptions, RunResult, run_workload, summary_event
-from core.profile import KnobsSpec, Profile, ProfileError, TunerSpec, load_profile
+from core.profile import KnobsSpec, Profile, ProfileError, TunerSpec
 
 EXIT_OK = 0
 EXIT_USAGE = 2  # same codes as the batch runner (core/batch.py)
@@ -74,7 +73,7 @@ class ConsoleConfig:
     mode: str | None = None  # scheduling mode (--mode); None: the profile's
 
 
-class SloConsoleApp(App[int]):
+class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
     """slo-console's operator console."""
 
     TITLE = "slo-console"
@@ -294,130 +293,7 @@ class SloConsoleApp(App[int]):
                 await self.backend.close()
             self.backend = None
 
-    # ------------------------------------------------------------ tuner
-
-    @work(group="tune", exclusive=True, exit_on_error=False, description="SLO-Tuner")
-    async def _tune_job(self) -> None:
-        try:
-            from core.tune.job import run_tune
-        except ImportError as exc:
-            self.notify_error(
-                "The SLO-Tuner is not in this build",
-                exc,
-                fix="update slo-console; until then `r` measures one configuration at a time",
-            )
-            return
-        # One engine at a time: the tuner restarts the server per segment, so the workload run stops first.
-        await self._stop_run_task()
-        self._generation += 1
-        sink = self._sink_for(self._generation)
-        self.session.tune.reset()
-        self.session.tune.active = True
-        self.session.tune.started_wall_s = time.monotonic()
-        self.post_message(SessionChanged())
-        backend = None
-        if self.config.backend == "vllm":
-            # The tuner drives the vLLM this console manages, so quitting stops it like any other.
-            if self.backend is None:
-                self.backend = self._make_backend()
-            backend = self.backend
-        profile, seed, spec = self.profile, self.config.seed, self.config.tuner_spec
-        live = self._live()
-        tune_sink = self._from_load_thread(sink) if live else sink
-
-        def tune() -> Any:
-            return run_tune(
-                profile, backend_kind=self.config.backend, sink=tune_sink, seed=seed, backend=backend, spec=spec
-            )
-
-        try:
-            await (self.load_thread.run(tune) if live else tune())
-        except (ProfileError, BackendUnavailable) as exc:
-            self.notify_error("The tuner could not run", exc)
-        except Exception as exc:
-            self.notify_error("The tuner failed", exc, fix="see the cause above; `--batch --job tune` prints the same")
-        finally:
-            self.session.tune.active = False
-            self.post_message(SessionChanged())
-        tune = self.session.tune
-        if tune.finished and tune.summary is not None:
-            gain = tune.summary.get("goodput_gain_x")
-            self.notify(
-                f"{tune.segments_used} segments; best {knobs_text((tune.best or {}).get('knobs'))}"
-                + (f"; goodput ×{gain:.2f} over the baseline" if isinstance(gain, int | float) else ""),
-                title="Tuning finished",
-            )
-
     # ------------------------------------------------------------ process view
-
-    def _show_process_facts(self) -> None:
-        with contextlib.suppress(RuntimeError, NoMatches):
-            view = self.get_screen_main().query_one(ProcessView)
-            if self.config.backend == "sim":
-                calibration = self.session.backend_facts.get("calibration") or self.profile.engine.calibration
-                view.show_command(
-                    "embedded simulator (no process to manage)\n"
-                    f"calibration: {calibration}\n"
-                    f"knobs: {knobs_text(self.profile.knobs.model_dump(), short=False)}\n"
-                    "A knob edit restarts the simulated run with the new knobs."
-                )
-                view.show_state(self.session.run_state, "embedded simulator")
-            else:
-                self._poll_process()
-
-    def _server_state_from_thread(self, state: Any, detail: str) -> None:
-        # Called on the process watcher's thread: post_message is the thread-safe way into the app.
-        self.post_message(ServerStateChanged(str(state), detail))
-
-    def on_server_state_changed(self, message: ServerStateChanged) -> None:
-        with contextlib.suppress(RuntimeError, NoMatches):
-            self.get_screen_main().query_one(ProcessView).show_state(message.state, message.detail)
-        if message.state == "crashed":
-            self.notify(
-                f"vLLM exited: {message.detail or 'no detail'}. Fix: read the log tail in the process tab (3), "
-                "adjust the knobs, then Restart.",
-                title="vLLM crashed",
-                severity="error",
-                timeout=15,
-            )
-        self._poll_process()
-
-    @work(group="process-poll", exclusive=True, exit_on_error=False)
-    async def _poll_process(self) -> None:
-        server = getattr(self.backend, "server", None)
-        process = getattr(server, "process", None)
-        if process is None:
-            with contextlib.suppress(RuntimeError, NoMatches):
-                view = self.get_screen_main().query_one(ProcessView)
-                view.show_state("stopped", "not started")
-                view.show_command(f"vLLM will start with: {knobs_text(self.profile.knobs.model_dump(), short=False)}")
-            return
-        lines = await asyncio.to_thread(process.log_tail)
-        with contextlib.suppress(RuntimeError, NoMatches):
-            view = self.get_screen_main().query_one(ProcessView)
-            view.show_state(str(process.state), process.state_detail)
-            view.show_command(" ".join(process.argv) + (f"\nlog: {process.log_path}" if process.log_path else ""))
-            view.show_log(lines)
-
-    @work(group="process", exclusive=True, exit_on_error=False, description="vLLM lifecycle")
-    async def _process_action(self, action: str, knobs: KnobsSpec | None = None) -> None:
-        if self.backend is None:
-            self.backend = self._make_backend()
-        try:
-            if action == "stop":
-                await self._stop_run_task()
-                await self.backend.close()
-            elif action == "start":
-                await self.backend.start(knobs)  # type: ignore[attr-defined]
-            elif action == "restart":
-                await self._stop_run_task()
-                if knobs is not None:
-                    self.profile = self.profile.model_copy(update={"knobs": knobs})
-                    self.session.knobs = knobs.model_dump()
-                await self.backend.restart(knobs)  # type: ignore[attr-defined]
-        except (ProfileError, BackendUnavailable) as exc:
-            self.notify_error(f"vLLM {action} failed", exc)
-        self._poll_process()
 
     @on(Button.Pressed, "#process-buttons Button")
     def _process_button(self, event: Button.Pressed) -> None:
@@ -452,98 +328,6 @@ class SloConsoleApp(App[int]):
     def action_tune(self) -> None:
         self.action_show_tab("tuner")
         self._tune_job()
-
-    # ------------------------------------------------------------ scheduling modes (the Modes tab)
-
-    def on_mode_chosen(self, message: ModeChosen) -> None:
-        self.switch_mode(message.mode)
-
-    def switch_mode(self, name: str) -> None:
-        """Simulator: rerun in mode `name`. Live: the gateway in front of the server swaps its policy (it is
-        put in front of the running server if there was none); the server is not restarted."""
-        previous = self.profile.mode
-        self.profile = self.profile.model_copy(update={"mode": name})
-        self.session.scheduling_mode = name
-        if self.config.backend == "sim" or self.config.backend_factory is not None:
-            self._rerun_in_mode()
-            return
-        from core.backends.gateway import GatewayBackend
-
-        if isinstance(self.backend, GatewayBackend):
-            self._swap_gateway_mode(self.backend, name, previous)
-            return
-        if self.backend is not None:
-            self.backend = GatewayBackend(self.backend, self.profile, name)  # type: ignore[assignment]
-            note = "the admission gateway goes in front of the running server from the next run"
-        else:
-            note = "the next run starts with it"
-        self.post_message(SessionChanged())
-        self.notify(f"{note}; the server keeps running.", title=f"Mode: {name}")
-
-    def _swap_gateway_mode(self, backend: Any, name: str, previous: str) -> None:
-        ui_loop = asyncio.get_running_loop()
-
-        def done(exc: BaseException | None) -> None:  # runs on the gateway's loop: hop back without blocking
-            ui_loop.call_soon_threadsafe(self._gateway_mode_swapped, name, previous, exc)
-
-        backend.swap_mode(name, done)
-
-    def _gateway_mode_swapped(self, name: str, previous: str, exc: BaseException | None) -> None:
-        if exc is not None:  # ProfileError (a mode this profile cannot build) or a closed gateway
-            self.profile = self.profile.model_copy(update={"mode": previous})
-            self.session.scheduling_mode = previous
-            self.post_message(SessionChanged())
-            self.notify_error(f"Mode {name} not switched", exc, None)
-            return
-        self.post_message(SessionChanged())
-        note = "the gateway swapped its policy; held requests were offered to the new mode"
-        self.notify(f"{note}; the server keeps running.", title=f"Mode: {name}")
-
-    @work(group="run", exclusive=True, exit_on_error=False, description="rerun in another mode")
-    async def _rerun_in_mode(self) -> None:
-        await self._stop_run_task()
-        if self.backend is not None:
-            await self.backend.close()
-            self.backend = None
-        self.start_run()
-
-    def action_compare(self) -> None:
-        self.action_show_tab("modes")
-        self.session.compare_state = "running"
-        self.post_message(SessionChanged())
-        self._compare_job(self.profile, self._generation)
-
-    @work(thread=True, group="compare", exclusive=True, exit_on_error=False, description="compare modes")
-    def _compare_job(self, profile: Profile, generation: int) -> None:
-        # A thread with its own event loop: the simulator runs flat out and must not stall the UI.
-        from core.compare import compare_summary_event, run_compare
-
-        def sink(event: Event) -> None:
-            self.call_from_thread(self._fold_compare_event, event)
-
-        try:
-            result = asyncio.run(
-                run_compare(
-                    profile,
-                    seed=self.config.seed,
-                    requests=self.config.requests,
-                    duration_s=self.config.duration_s,
-                    sink=sink,
-                )
-            )
-        except Exception as exc:
-            self.call_from_thread(self._compare_failed, exc)
-            return
-        sink(compare_summary_event(result))
-
-    def _fold_compare_event(self, event: Event) -> None:
-        self.session.apply(event, wall_s=time.monotonic())
-        self.post_message(SessionChanged())
-
-    def _compare_failed(self, exc: BaseException) -> None:
-        self.session.compare_state = "failed"
-        self.post_message(SessionChanged())
-        self.notify_error("The compare job failed", exc, "`slo-console --batch --job compare` prints the same")
 
     def action_show_tab(self, tab: str) -> None:
         if tab in TABS:
@@ -642,83 +426,3 @@ class SloConsoleApp(App[int]):
     def _process_button_by_id(self, action: str) -> None:
         with contextlib.suppress(RuntimeError, NoMatches):
             self.get_screen_main().query_one(f"#process-buttons #{action}", Button).press()
-
-
-def create_app(
-    profile: str | Profile = "quickstart",
-    backend: str = "sim",
-    *,
-    url: str | None = None,
-    seed: int | None = None,
-    requests: int | None = None,
-    duration_s: float | None = None,
-    out: Path | None = None,
-    speed: float | None = 1.0,
-    autostart: bool = True,
-    command_line: list[str] | None = None,
-    progress_every: int = CONSOLE_PROGRESS_EVERY,
-    backend_factory: BackendFactory | None = None,
-    tuner_spec: TunerSpec | None = None,
-    mode: str | None = None,
-) -> SloConsoleApp:
-    """Build the console. Raises ProfileError (one line: file, field, fix) for a bad profile.
-
-    `speed`: the simulator's pace against wall time; None, 0 or inf runs it flat out.
-    """
-    loaded = profile if isinstance(profile, Profile) else load_profile(profile)
-    if mode is not None:
-        from core.control.modes import MODES
-
-        if mode not in MODES:
-            raise ProfileError(f"--mode {mode}: not available; choose one of: {', '.join(MODES)}")
-    if speed is not None and (speed <= 0 or speed == float("inf")):
-        speed = None
-    return SloConsoleApp(
-        ConsoleConfig(
-            profile=loaded,
-            backend=backend,
-            url=url,
-            seed=seed,
-            requests=requests,
-            duration_s=duration_s,
-            out=out,
-            speed=speed,
-            autostart=autostart,
-            command_line=command_line or ["slo-console"],
-            progress_every=progress_every,
-            backend_factory=backend_factory,
-            tuner_spec=tuner_spec,
-            mode=mode,
-        )
-    )
-
-
-def run_app(args: argparse.Namespace) -> int:
-    """The CLI's entry without --batch: open the console, return an exit code from the documented set."""
-    if args.backend == "url" and not args.url:
-        print("slo-console: --backend url needs --url http://HOST:PORT of a running server", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        app = create_app(
-            args.profile,
-            args.backend,
-            url=args.url,
-            seed=args.seed,
-            requests=args.requests,
-            duration_s=args.duration_s,
-            out=args.out,
-            speed=args.speed,
-            command_line=["slo-console", *sys.argv[1:]],
-            mode=getattr(args, "mode", None),
-        )
-    except ProfileError as exc:
-        print(f"slo-console: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        code = app.run()
-    finally:
-        # If the app ended without its quit action (an exception, a signal), still stop what it started.
-        if not app._closed and app.backend is not None:
-            with contextlib.suppress(Exception):
-                asyncio.run(app.backend.close())
-    return code if isinstance(code, int) else EXIT_OK

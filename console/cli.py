@@ -122,6 +122,6 @@ def main(argv: list[str] | None = None) -> int:
                 mode=args.mode,
             )
         )
-    from console.app import run_app  # imported only here: the batch path never loads Textual
+    from console.launch import run_app  # imported only here: the batch path never loads Textual
 
     return run_app(args)

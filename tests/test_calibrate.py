@@ -22,13 +22,9 @@ from core.calibrate.fit import (
     write_calibration,
 )
 from core.calibrate.job import CALIBRATION_FILE, run_calibrate
-from core.calibrate.sweep import (
-    SimTarget,
-    SweepSettings,
-    cache_facts_from_metrics,
-    decode_step_samples,
-    kv_tokens_from_log,
-)
+from core.calibrate.step_observations import decode_step_samples
+from core.calibrate.sweep_points import SweepSettings
+from core.calibrate.sweep_targets import SimTarget, cache_facts_from_metrics, kv_tokens_from_log
 from core.profile import Calibration, PerfTerm, load_calibration, load_profile
 from core.records import RequestRecord, RequestSLO
 from core.sim.perf_model import expected_accepted_tokens
@@ -259,7 +255,7 @@ def test_reduced_settings_stay_small() -> None:
 
 def test_engine_counters_from_captured_vllm_metrics() -> None:
     """The engine-timed sums and counts the sweep reads (vLLM 0.32's /metrics, captured)."""
-    from core.calibrate.sweep import EngineCounters
+    from core.calibrate.engine_counters import EngineCounters
 
     counters = EngineCounters.parse((DATA / "vllm_metrics.txt").read_text())
     assert counters.count("itl") == 1165 and counters.count("iteration_tokens") == 528

@@ -21,9 +21,11 @@ from core.backends.sim import SimBackend, run_to_completion
 from core.backends.vllm import VllmBackend
 from core.calibrate.fit import read_calibration
 from core.calibrate.job import CALIBRATION_FILE, run_calibrate
-from core.calibrate.sweep import SweepSettings, VllmTarget, measured_decode_steps
+from core.calibrate.sweep import measured_decode_steps
+from core.calibrate.sweep_points import SweepSettings
+from core.calibrate.sweep_targets import VllmTarget
 from core.profile import KnobsSpec, load_profile
-from core.serve.process import group_members
+from core.serve.process_group import group_members
 from core.serve.vllm_server import ENV_VLLM_PYTHON
 from core.workload import build_load_plan
 

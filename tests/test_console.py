@@ -16,7 +16,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable, Input
 
-from console.app import SloConsoleApp, create_app, run_app
+from console.app import SloConsoleApp
+from console.launch import create_app, run_app
 from console.messages import SessionChanged
 from console.session import Session
 from console.widgets.kpi import KpiTile
@@ -382,7 +383,7 @@ class ManagedServerBackend:
 
 
 async def test_quit_stops_the_server_the_console_started() -> None:
-    from core.serve.process import group_members
+    from core.serve.process_group import group_members
 
     backends: list[ManagedServerBackend] = []
 

@@ -21,7 +21,8 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from console.app import SloConsoleApp, create_app
+from console.app import SloConsoleApp
+from console.launch import create_app
 from console.messages import SessionChanged
 from core.events import make_event
 

@@ -22,10 +22,10 @@ from core.serve.process import (
     ServerProcess,
     ServerStartError,
     ServerState,
-    group_members,
     stop_all_servers,
-    telling_log_line,
 )
+from core.serve.process_group import group_members
+from core.serve.server_log import telling_log_line
 
 FAKE_SERVER = r"""
 import http.server, os, signal, subprocess, sys, time

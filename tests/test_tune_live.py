@@ -69,7 +69,7 @@ class RecordingBackend:
 
 def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_path: Path) -> None:
     from core.backends.vllm import VllmBackend
-    from core.serve.process import group_members
+    from core.serve.process_group import group_members
 
     profile = load_profile("slo-tuner-cpu")
     # The default guided search cut to 4 live segments: the baseline, the simulator's first two picks, the final.

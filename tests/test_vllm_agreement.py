@@ -42,7 +42,7 @@ from core.backends.base import LoadPlan
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec
 from core.records import RequestSpec
-from core.serve.process import group_members
+from core.serve.process_group import group_members
 from core.serve.prom import Histogram, VllmMetrics, parse_metrics
 from core.serve.vllm_server import ENV_VLLM_PYTHON
 

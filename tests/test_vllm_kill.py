@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.serve.process import group_members
+from core.serve.process_group import group_members
 from core.serve.prom import parse_metrics
 from core.serve.registry import registry_dir
 from core.serve.vllm_server import ENV_VLLM_PYTHON

@@ -28,7 +28,8 @@ from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec
 from core.records import RequestSpec, Status
 from core.serve.knobs import UnsupportedKnob
-from core.serve.process import ServerStartError, ServerState, group_members
+from core.serve.process import ServerStartError, ServerState
+from core.serve.process_group import group_members
 from core.serve.prom import VllmMetrics, parse_metrics
 from core.serve.tiny_model import BUILD_INFO_FILE, ensure_builtin_model
 from core.serve.vllm_server import ENV_VLLM_PYTHON, VllmServer, option_value

@@ -20,7 +20,8 @@ from typing import Any
 from core.backends.base import BackendUnavailable, LoadPlan, RunObserver, RunOutcome
 from core.backends.live import UrlBackend
 from core.profile import KnobsSpec, Profile, ServerSpec
-from core.serve.process import ServerState, StateCallback, telling_log_line
+from core.serve.process import ServerState, StateCallback
+from core.serve.server_log import telling_log_line
 from core.serve.vllm_server import VllmServer
 
 

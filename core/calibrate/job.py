@@ -27,18 +27,10 @@ from core.calibrate.fit import (
     fit_step_model,
     write_calibration,
 )
-from core.calibrate.sweep import (
-    SweepResult,
-    SweepSettings,
-    SweepTarget,
-    Timing,
-    UrlTarget,
-    VllmTarget,
-    client_overhead_s,
-    median_itl,
-    noise_cv,
-    run_sweep,
-)
+from core.calibrate.step_observations import client_overhead_s, noise_cv
+from core.calibrate.sweep import median_itl, run_sweep
+from core.calibrate.sweep_points import SweepResult, SweepSettings, Timing
+from core.calibrate.sweep_targets import SweepTarget, UrlTarget, VllmTarget
 from core.events import EventSink, make_event
 from core.profile import Calibration, Profile, ProfileError, load_calibration
 

@@ -23,7 +23,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -42,6 +41,8 @@ from typing import IO
 
 from core.backends.base import BackendUnavailable
 from core.serve import registry
+from core.serve.process_group import group_members, signal_group, wait_group_gone
+from core.serve.server_log import LOG_TAIL_LINES, read_log_tail, telling_log_line
 
 log = logging.getLogger("slo_console")
 
@@ -49,7 +50,6 @@ LOOPBACK = "127.0.0.1"
 DEFAULT_READY_PATHS = ("/v1/models", "/health")
 READY_POLL_S = 0.5
 WATCH_POLL_S = 0.2
-LOG_TAIL_LINES = 20
 SUPERVISOR = Path(__file__).with_name("supervise.py")
 # How long the supervisor lets the group shut down after SIGTERM before SIGKILL, when slo-console is gone.
 SUPERVISOR_GRACE_S = 5.0
@@ -91,80 +91,11 @@ class ServerStartError(BackendUnavailable):
         super().__init__("; ".join(parts))
 
 
-_ERROR_HINT = re.compile(r"error|exception|errno|refus|fail|denied|not found|invalid|killed", re.IGNORECASE)
-_NOISE = re.compile(r"DeprecationWarning|warnings\.warn|UserWarning|^\s*\^+\s*$|leaked semaphore|nanobind")
-_VLLM_PREFIX = re.compile(r"^\(\w+ pid=\d+\)\s*")
-
-
-def telling_log_line(lines: Sequence[str], max_len: int = 300) -> str:
-    """The line that best explains a failure: the last one that reads like an error, else the last one."""
-    cleaned = [_VLLM_PREFIX.sub("", line).strip() for line in lines]
-    cleaned = [line for line in cleaned if line and not _NOISE.search(line)]
-    if not cleaned:
-        return ""
-    for line in reversed(cleaned):
-        if _ERROR_HINT.search(line) and not line.startswith(("File ", "Traceback")):
-            return line[:max_len]
-    return cleaned[-1][:max_len]
-
-
-def read_log_tail(path: Path | None, lines: int = LOG_TAIL_LINES) -> list[str]:
-    if path is None:
-        return []
-    try:
-        with path.open("rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            handle.seek(max(0, size - 65536))
-            text = handle.read().decode("utf-8", errors="replace")
-    except OSError:
-        return []
-    return text.splitlines()[-lines:]
-
-
 def free_port(host: str = LOOPBACK) -> int:
     """A port nobody listens on right now (the OS picks it; the server binds it shortly after)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes in a process group. Reads /proc on Linux; elsewhere a signal-0 probe."""
-    proc = Path("/proc")
-    if not proc.is_dir():
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return []
-        return [pgid]
-    members: list[int] = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # Fields after "(comm)": state ppid pgrp ...; comm may contain spaces and parentheses.
-        fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] != "Z":
-            members.append(int(entry.name))
-    return members
-
-
-def _wait_group_gone(pgid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while group_members(pgid):
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
-def _signal_group(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
 
 
 _live_servers: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
@@ -458,13 +389,13 @@ class ServerProcess:
             return
         pgid = proc.pid  # start_new_session: the leader's pid is the group id
         if group_members(pgid):
-            _signal_group(pgid, signal.SIGTERM)
+            signal_group(pgid, signal.SIGTERM)
             deadline = time.monotonic() + self.stop_timeout_s
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            if not _wait_group_gone(pgid, max(0.0, deadline - time.monotonic())):
-                _signal_group(pgid, signal.SIGKILL)
-                _wait_group_gone(pgid, 10.0)
+            if not wait_group_gone(pgid, max(0.0, deadline - time.monotonic())):
+                signal_group(pgid, signal.SIGKILL)
+                wait_group_gone(pgid, 10.0)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=5.0)
         self._close_lifeline()
@@ -510,4 +441,4 @@ class ServerProcess:
         proc = getattr(self, "_proc", None)
         if proc is not None and proc.poll() is None and not sys.is_finalizing():
             with contextlib.suppress(Exception):
-                _signal_group(proc.pid, signal.SIGKILL)
+                signal_group(proc.pid, signal.SIGKILL)

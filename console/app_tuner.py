@@ -1,0 +1,72 @@
+"""The console's SLO-Tuner job (key t): runs `core.tune.job.run_tune` and reports the outcome.
+
+It is mixed into `SloConsoleApp` (console/app.py) and uses its session, profile, config and backend.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from textual import work
+
+from console.messages import SessionChanged
+from console.widgets.format import knobs_text
+from core.backends.base import BackendUnavailable
+from core.profile import ProfileError
+
+
+class TunerJobMixin:
+    """The tuner job of `SloConsoleApp`."""
+
+    @work(group="tune", exclusive=True, exit_on_error=False, description="SLO-Tuner")
+    async def _tune_job(self) -> None:
+        try:
+            from core.tune.job import run_tune
+        except ImportError as exc:
+            self.notify_error(
+                "The SLO-Tuner is not in this build",
+                exc,
+                fix="update slo-console; until then `r` measures one configuration at a time",
+            )
+            return
+        # One engine at a time: the tuner restarts the server per segment, so the workload run stops first.
+        await self._stop_run_task()
+        self._generation += 1
+        sink = self._sink_for(self._generation)
+        self.session.tune.reset()
+        self.session.tune.active = True
+        self.session.tune.started_wall_s = time.monotonic()
+        self.post_message(SessionChanged())
+        backend = None
+        if self.config.backend == "vllm":
+            # The tuner drives the vLLM this console manages, so quitting stops it like any other.
+            if self.backend is None:
+                self.backend = self._make_backend()
+            backend = self.backend
+        profile, seed, spec = self.profile, self.config.seed, self.config.tuner_spec
+        live = self._live()
+        tune_sink = self._from_load_thread(sink) if live else sink
+
+        def tune() -> Any:
+            return run_tune(
+                profile, backend_kind=self.config.backend, sink=tune_sink, seed=seed, backend=backend, spec=spec
+            )
+
+        try:
+            await (self.load_thread.run(tune) if live else tune())
+        except (ProfileError, BackendUnavailable) as exc:
+            self.notify_error("The tuner could not run", exc)
+        except Exception as exc:
+            self.notify_error("The tuner failed", exc, fix="see the cause above; `--batch --job tune` prints the same")
+        finally:
+            self.session.tune.active = False
+            self.post_message(SessionChanged())
+        tune = self.session.tune
+        if tune.finished and tune.summary is not None:
+            gain = tune.summary.get("goodput_gain_x")
+            self.notify(
+                f"{tune.segments_used} segments; best {knobs_text((tune.best or {}).get('knobs'))}"
+                + (f"; goodput ×{gain:.2f} over the baseline" if isinstance(gain, int | float) else ""),
+                title="Tuning finished",
+            )
