@@ -29,7 +29,7 @@ from core.control.saber import SaberPolicy
 from core.control.speed_model import SpeedModel, fit_speed_model, speed_samples
 from core.profile import KnobsSpec, Profile, ServerSpec
 from core.records import RequestRecord, RequestSLO, RequestSpec
-from core.serve.process import group_members
+from core.serve.process_group import group_members
 from core.serve.vllm_server import ENV_VLLM_PYTHON
 
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
