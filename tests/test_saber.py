@@ -350,5 +350,5 @@ def test_drift_correction_keeps_the_promises_on_an_engine_slower_than_profiled()
     corrected_attainment, corrected_met, drift = run(True)
     assert no_drift is None and drift is not None
     assert 0.55 < drift["ratio"] < 0.8  # it sees the engine running at about 1/1.5 of the profile
-    assert plain_attainment < 0.6 < 0.85 < corrected_attainment
-    assert corrected_met > plain_met
+    assert plain_attainment < 0.6 < 0.9 < corrected_attainment
+    assert corrected_met > 2 * plain_met  # measured: 164 against 48

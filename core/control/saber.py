@@ -26,6 +26,7 @@ admitted requests actually ran against what f(L) predicted for them (core/contro
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from collections import deque
 from collections.abc import Sequence
@@ -247,7 +248,7 @@ class SaberPolicy(Policy):
     def _admit_one(
         self, now: float, replicas: Sequence[ReplicaView], loads: dict[int, int], floor: dict[int, float]
     ) -> Release | None:
-        window = self.high.head(self.window_size)
+        window = self._window(now)
         order = self.rng.permutation(len(window)) if len(window) > 1 else range(len(window))  # line 6
         for i in order:  # line 7
             req = window[int(i)]
@@ -265,6 +266,19 @@ class SaberPolicy(Policy):
                 self.admitted_high += 1
                 return Release(req, index)
         return None
+
+    def _window(self, now: float) -> list[ControlledRequest]:
+        """The requests Algorithm 1 samples (line 6): the first `window_size` of the high tier.
+
+        With drift correction, the first `window_size` that the engine as it runs now could still serve in
+        time (required speed within the corrected f(1)): the others stay in the high tier (the engine may
+        speed up again, and demotion still follows the paper's f(1)) but do not fill the window, where they
+        would block every admission behind them until the profiled f(1) demotes them."""
+        if self.drift is None:
+            return self.high.head(self.window_size)
+        fastest_now = self._speed(1)
+        reachable = (req for req in self.high if self._required(req, now) <= fastest_now)
+        return list(itertools.islice(reachable, self.window_size))
 
     def _release_low(
         self, replicas: Sequence[ReplicaView], loads: dict[int, int], floor: dict[int, float]
