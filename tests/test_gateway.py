@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -43,6 +44,16 @@ def completion(max_tokens: int = 4, stream: bool = True, **extra: Any) -> dict[s
 async def post(session: aiohttp.ClientSession, url: str, body: dict[str, Any], **kw: Any) -> tuple[int, bytes]:
     async with session.post(url + "/v1/completions", json=body, **kw) as response:
         return response.status, await response.read()
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 20.0) -> None:
+    """Wait until `condition()` holds (a loaded machine may take long to deliver the requests); fail after
+    `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
 
 
 def assert_accounted(gateway: Gateway, received: int) -> None:
@@ -173,12 +184,13 @@ def test_rejections_are_429_with_the_reason_and_every_request_is_accounted_for()
 
 def test_requests_still_held_at_the_end_are_deferred_and_late_holds_too() -> None:
     async def scenario() -> None:
-        async with FakeOpenAIServer(StreamReply(first_delay_s=0.3)) as fake:
+        # The first request stays at the upstream long enough for the rest to arrive, even on a loaded machine.
+        async with FakeOpenAIServer(StreamReply(first_delay_s=2.0)) as fake:
             gateway = Gateway([fake.base_url], ConcurrencyCapPolicy(cap=1))
             await gateway.start()
             async with aiohttp.ClientSession() as session:
                 sends = [asyncio.create_task(post(session, gateway.base_url, completion())) for _ in range(4)]
-                await asyncio.sleep(0.1)
+                await until(lambda: gateway.stats.received == 4)
                 assert gateway.stats.held == 3 and gateway.stats.in_flight == 1
                 assert gateway.end_arrivals() == 3
                 late = await post(session, gateway.base_url, completion())  # the slot is still taken: held
@@ -216,7 +228,7 @@ def test_a_client_that_hangs_up_while_held_counts_as_failed_and_never_reaches_th
 
 def test_policy_swap_at_runtime_releases_what_the_old_mode_held() -> None:
     async def scenario() -> None:
-        async with FakeOpenAIServer(StreamReply(first_delay_s=0.3)) as fake:
+        async with FakeOpenAIServer(StreamReply(first_delay_s=2.0)) as fake:
 
             def factory(name: str) -> Policy:
                 if name != "fcfs":
@@ -226,7 +238,7 @@ def test_policy_swap_at_runtime_releases_what_the_old_mode_held() -> None:
             gateway = Gateway([fake.base_url], ConcurrencyCapPolicy(cap=1), policy_factory=factory)
             async with gateway, aiohttp.ClientSession() as session:
                 sends = [asyncio.create_task(post(session, gateway.base_url, completion())) for _ in range(3)]
-                await asyncio.sleep(0.1)
+                await until(lambda: gateway.stats.received == 3 and fake.max_in_flight == 1)
                 assert fake.max_in_flight == 1 and gateway.stats.held == 2
                 async with session.post(gateway.base_url + "/gateway/policy", json={"mode": "fcfs"}) as response:
                     assert response.status == 200 and (await response.json())["mode"] == "fcfs"
