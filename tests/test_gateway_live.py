@@ -52,7 +52,10 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 32, 256
 PROFILE_LOADS = (1, 4, 8, 16)  # closed-loop clients per profiling step
 PROFILE_STEP_S = 5.0
 OVERLOAD = 2.0  # offered rate / measured capacity
-RUN_S = 15.0
+# 30 s, not 15: at twice its capacity fcfs's queue grows for the whole run, so only its first seconds meet
+# the SLO; over 15 s that share was 0.04-0.12 and SABER's edge over it within run-to-run noise (a failed run
+# at load 7-10: 0.16 vs 0.12). The longer window is the measured effect made larger, not a looser assert.
+RUN_S = 30.0
 WARMUP_S = 8.0  # SABER's drift-correction warm-up before its measured run
 
 
@@ -205,7 +208,11 @@ async def run_mode(
         served_rps=len(ok) / active_span(ok) if ok else 0.0,
         counts=counts,
     )
-    print(f"{name}: {result}, attainment {result.attainment:.2f}")
+    lateness = {
+        tier: round(float(np.median([r.e2e_s / r.slo.e2e_s for r in admitted if r.tier == tier and r.ok])), 2)
+        for tier in sorted({str(r.tier) for r in admitted if r.ok})
+    }
+    print(f"{name}: {result}, attainment {result.attainment:.2f}, median e2e/SLO by tier {lateness}")
     return result
 
 

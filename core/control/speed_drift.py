@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import math
 
-# Bounds on the correction: a single pathological completion (a stream cut short, a request admitted into
-# a stall) must not switch admission off or open it wide.
-RATIO_BOUNDS = (0.25, 2.0)
+# Bounds on the correction. Above 1 never: the correction only ever slows admission down. Requests finishing
+# faster than f(L) predicted do not license admitting beyond the profile, where f(L) is an extrapolation:
+# on a live CPU server whose USL fit was pessimistic at high load, a ratio allowed up to 1.5 admitted bursts
+# of 50 requests in flight behind 8 batch slots, which then missed their SLAs (2026-11-23). Below 0.25 never:
+# a single pathological completion (a request admitted into a stall) must not switch admission off.
+RATIO_BOUNDS = (0.25, 1.0)
 
 
 class SpeedDrift:
