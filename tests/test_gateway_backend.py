@@ -20,7 +20,7 @@ def open_specs(count: int, gap_s: float) -> list[RequestSpec]:
 
 def test_records_say_rejected_deferred_or_ok_and_add_up_to_what_was_sent() -> None:
     async def scenario() -> None:
-        async with FakeOpenAIServer(StreamReply(first_delay_s=0.25), tokens_per_word=1) as fake:
+        async with FakeOpenAIServer(StreamReply(first_delay_s=1.0), tokens_per_word=1) as fake:
             profile = load_profile("quickstart")
             backend = GatewayBackend(
                 UrlBackend(fake.base_url, metrics_interval_s=None),
@@ -30,9 +30,10 @@ def test_records_say_rejected_deferred_or_ok_and_add_up_to_what_was_sent() -> No
                 metrics_interval_s=None,
             )
             try:
-                # 6 requests within 0.1 s against one slot of 0.25 s and three queue places; the run's horizon
-                # (0.4 s) ends while two still wait: 2 served, 2 deferred, 2 rejected.
-                plan = LoadPlan(requests=iter(open_specs(6, 0.02)), duration_s=0.4)
+                # 6 requests within 0.4 s against one slot of 1 s and three queue places; the run's horizon
+                # (1.6 s) ends while two still wait: 2 served, 2 deferred, 2 rejected. (Times 4x those of the
+                # first version, which a heavily loaded machine could delay past its 0.15 s margins.)
+                plan = LoadPlan(requests=iter(open_specs(6, 0.08)), duration_s=1.6)
                 outcome = await backend.run(plan)
             finally:
                 await backend.close()
@@ -43,10 +44,10 @@ def test_records_say_rejected_deferred_or_ok_and_add_up_to_what_was_sent() -> No
             assert all("run ended" in (r.error or "") for r in by_status[Status.DEFERRED])
             served = by_status[Status.OK]
             assert all(r.replica == 0 and r.tier == "high" and r.dispatched_s is not None for r in served)
-            # The second one waited for the slot at the gateway: released about 0.25 s after it was sent.
+            # The second one waited for the slot at the gateway: released about 1 s after it was sent.
             waited = max(served, key=lambda r: r.request_id)
             assert waited.dispatched_s is not None and waited.sent_s is not None
-            assert waited.dispatched_s - waited.sent_s > 0.15
+            assert waited.dispatched_s - waited.sent_s > 0.6
             assert fake.bodies[0]["max_tokens"] == 4 and "slo" not in fake.bodies[0]
             stats = outcome.notes["gateway"]
             assert (stats["received"], stats["completed"], stats["rejected"], stats["deferred"]) == (6, 2, 2, 2)
