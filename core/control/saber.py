@@ -248,33 +248,41 @@ class SaberPolicy(Policy):
     def _admit_one(
         self, now: float, replicas: Sequence[ReplicaView], loads: dict[int, int], floor: dict[int, float]
     ) -> Release | None:
-        window = self._window(now)
+        window = self._window(now, idle=min(loads.values(), default=1) == 0)
         order = self.rng.permutation(len(window)) if len(window) > 1 else range(len(window))  # line 6
         for i in order:  # line 7
             req = window[int(i)]
             needed = self._required(req, now)  # line 9
             for index in sorted(loads, key=lambda k: (loads[k], k)):
-                predicted = self._speed(loads[index] + 1)  # line 8
+                # line 8; an idle replica is judged by f as profiled: the drift is learnt from completions,
+                # and an engine that admits nothing while it is idle would never learn that it sped up again.
+                predicted = self._speed(loads[index] + 1) if loads[index] else self.model(1)
                 if predicted < needed or predicted < floor[index]:  # line 10
                     continue
                 self.high.remove(req)  # line 13
-                req.state[REQUIRED_SPEED_KEY] = needed  # the paper records it with the timestamp
                 req.state[PREDICTED_SPEED_KEY] = self.model(loads[index] + 1)
                 req.state["saber_admitted_s"] = now
                 loads[index] += 1
-                floor[index] = max(floor[index], needed)
+                if self.drift is not None and needed > self._speed(1):
+                    # A probe of an idle engine the drift says is too slow for it: it promises nothing to
+                    # protect (the engine as it runs now cannot keep it), it measures the engine.
+                    req.state[REQUIRED_SPEED_KEY] = 0.0
+                else:
+                    req.state[REQUIRED_SPEED_KEY] = needed  # the paper records it with the timestamp
+                    floor[index] = max(floor[index], needed)
                 self.admitted_high += 1
                 return Release(req, index)
         return None
 
-    def _window(self, now: float) -> list[ControlledRequest]:
+    def _window(self, now: float, *, idle: bool = False) -> list[ControlledRequest]:
         """The requests Algorithm 1 samples (line 6): the first `window_size` of the high tier.
 
         With drift correction, the first `window_size` that the engine as it runs now could still serve in
         time (required speed within the corrected f(1)): the others stay in the high tier (the engine may
         speed up again, and demotion still follows the paper's f(1)) but do not fill the window, where they
-        would block every admission behind them until the profiled f(1) demotes them."""
-        if self.drift is None:
+        would block every admission behind them until the profiled f(1) demotes them. While a replica is
+        idle, the paper's window: the drift is learnt from completions, so an idle engine must still admit."""
+        if self.drift is None or idle:
             return self.high.head(self.window_size)
         fastest_now = self._speed(1)
         reachable = (req for req in self.high if self._required(req, now) <= fastest_now)
