@@ -47,7 +47,9 @@ SERVER = ServerSpec(
 # A small engine batch and long outputs keep the request rates low (about 10 req/s of capacity), so the
 # Python client and gateway sharing the 2 cores with vLLM are not what saturates: the engine is. Beyond 8
 # requests vLLM queues them, and f(L) measured past 8 shows it.
-KNOBS = KnobsSpec(max_num_seqs=8)
+# Priority scheduling: SABER sends its low tier as vLLM's lower priority (fcfs sends none: first come, first
+# served among equals, vLLM's default order).
+KNOBS = KnobsSpec(max_num_seqs=8, scheduling_policy="priority")
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 256
 PROFILE_LOADS = (1, 4, 8, 16)  # closed-loop clients per profiling step
 PROFILE_STEP_S = 5.0
@@ -235,7 +237,7 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
     # The correction learns from completions, so a SABER that has just started admits its first requests at
     # the profiled speed: a warm-up of the same load through the same policy, discarded, lets it meet the
     # measured run as a gateway that has been serving would (one that keeps serving keeps its ratio).
-    policy = SaberPolicy(model, best_effort_max_load=knee, drift_correction=True)
+    policy = SaberPolicy(model, best_effort_max_load=knee, drift_correction=True, send_priority=True)
     await run_mode(backend, "saber warm-up", policy, rate, slo_s, run_s=WARMUP_S)
     saber = await run_mode(backend, "saber", policy, rate, slo_s)
     print(f"saber drift: {policy.describe()['drift']}")

@@ -352,3 +352,11 @@ def test_drift_correction_keeps_the_promises_on_an_engine_slower_than_profiled()
     assert 0.55 < drift["ratio"] < 0.8  # it sees the engine running at about 1/1.5 of the profile
     assert plain_attainment < 0.6 < 0.9 < corrected_attainment
     assert corrected_met > 2 * plain_met  # measured: 164 against 48
+
+
+def test_live_priority_puts_the_low_tier_behind_admitted_requests_only_when_asked() -> None:
+    high, low = request(1, 10, 5.0), request(2, 10, 5.0)
+    high.tier, low.tier = TIER_HIGH, TIER_LOW
+    assert SaberPolicy(MODEL).upstream_priority(high) is None  # vLLM's default policy takes no priority
+    policy = SaberPolicy(MODEL, send_priority=True)
+    assert policy.upstream_priority(high) == 0 and policy.upstream_priority(low) == 1

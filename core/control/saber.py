@@ -76,12 +76,14 @@ class SaberPolicy(Policy):
         demand_window_s: float = 10.0,
         fit_r2: dict[str, float] | None = None,
         drift_correction: bool = False,
+        send_priority: bool = False,
         seed: int = 0,
     ) -> None:
         if window_size < 1:
             raise ValueError(f"window_size must be at least 1 (got {window_size})")
         self.model = speed_model
         self.drift = SpeedDrift() if drift_correction else None
+        self.send_priority = send_priority
         self.fit_r2 = dict(fit_r2 or {speed_model.kind: speed_model.r2})  # R² of every model fitted (sec. VII)
         if feasibility not in ("fastest", "offered-load"):
             raise ValueError(f"feasibility must be 'fastest' or 'offered-load' (got {feasibility!r})")
@@ -311,6 +313,15 @@ class SaberPolicy(Policy):
             self.released_low += 1
             return Release(req, index)
         return None
+
+    def upstream_priority(self, req: ControlledRequest) -> int | None:
+        """Live, with vLLM's `--scheduling-policy priority`: the low tier as vLLM's lower priority. The paper's
+        engine serves a best-effort request only while no admitted one needs the capacity (sec. IV-C); vLLM
+        queues what exceeds its batch first come, first served, so a best-effort request released into an
+        idle moment would otherwise hold a batch slot ahead of the admitted requests that arrive next."""
+        if not self.send_priority:
+            return None
+        return 1 if req.tier == TIER_LOW else 0
 
     def _speed(self, load: float) -> float:
         """f(load) as fitted, scaled by the measured drift when `drift_correction` is on."""
