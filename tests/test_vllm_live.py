@@ -106,7 +106,12 @@ def test_every_completed_request_has_64_tokens_and_ttft_below_e2e(live: LiveServ
     for record in ok:
         assert record.output_tokens == OUTPUT_TOKENS
         assert record.ttft_s is not None and record.e2e_s is not None
-        assert 0 < record.ttft_s < record.e2e_s
+        # <=, not <: a stream that vLLM's API process hands to the socket in one write (it does on a loaded
+        # CPU) arrives in one read and is stamped once, so its first token and its last arrive together. The
+        # client used to stamp each line as it parsed it, microseconds apart, which passed a strict < without
+        # measuring anything (a CI run on 2026-11-23 had one such request: TTFT = e2e = 0.197 s).
+        assert 0 < record.ttft_s <= record.e2e_s
+    assert any(r.ttft_s is not None and r.e2e_s is not None and r.ttft_s < r.e2e_s for r in ok)  # some streamed
     # /metrics was sampled during the run (the cap's effect on those gauges is the next test's business:
     # how many run at once when 8 may is up to a CPU shared with the client, so it is not asserted here).
     assert outcome.samples
