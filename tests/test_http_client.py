@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import numpy as np
@@ -17,6 +20,24 @@ from tests.fakeserver import ErrorReply, FakeOpenAIServer, HangReply, Reply, Str
 
 def spec(request_id: int = 1, prompt_tokens: int = 16, output_tokens: int = 5) -> RequestSpec:
     return RequestSpec(request_id=request_id, prompt_tokens=prompt_tokens, output_tokens=output_tokens)
+
+
+@contextlib.asynccontextmanager
+async def raw_completions_server(completions: Any) -> AsyncIterator[int]:
+    """An aiohttp app serving `completions` at /v1/completions on a free loopback port (yields the port), for
+    replies the scripted fake server cannot shape (bytes split across writes, a late end of body)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/completions", completions)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    finally:
+        await runner.cleanup()
 
 
 async def send_one(reply: Reply, *, api: str = "completions", **client_kwargs: object):
@@ -269,19 +290,9 @@ async def test_one_connection_serves_consecutive_requests() -> None:
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with aiohttp.ClientSession() as http:
-            client = StreamingClient(http, f"http://127.0.0.1:{port}", "m")
-            records = [await client.send(spec(request_id=i, output_tokens=3), time.perf_counter()) for i in range(5)]
-    finally:
-        await runner.cleanup()
+    async with raw_completions_server(completions) as port, aiohttp.ClientSession() as http:
+        client = StreamingClient(http, f"http://127.0.0.1:{port}", "m")
+        records = [await client.send(spec(request_id=i, output_tokens=3), time.perf_counter()) for i in range(5)]
 
     assert all(r.status is Status.OK and r.output_tokens == 3 for r in records), [r.error for r in records]
     # Released before the body's end (the chunked terminator came later), each connection would be closed.
@@ -311,19 +322,9 @@ async def test_sse_lines_split_across_reads_or_joined_in_one_are_parsed_and_stam
         await response.write_eof()
         return response
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", completions)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        async with aiohttp.ClientSession() as http:
-            client = StreamingClient(http, f"http://127.0.0.1:{port}", "m", continuous_usage=False)
-            record = await client.send(spec(output_tokens=4), time.perf_counter())
-    finally:
-        await runner.cleanup()
+    async with raw_completions_server(completions) as port, aiohttp.ClientSession() as http:
+        client = StreamingClient(http, f"http://127.0.0.1:{port}", "m", continuous_usage=False)
+        record = await client.send(spec(output_tokens=4), time.perf_counter())
     assert record.status is Status.OK, record.error
     assert record.output_tokens == 4
     assert record.chunk_times is not None and len(record.chunk_times) == 4
