@@ -162,6 +162,7 @@ def _start_gateway(root: Path, upstream_url: str) -> tuple[subprocess.Popen[str]
     if not match:
         _stop(gateway)
         raise RuntimeError(f"the gateway in {root} did not start: {line.strip()}")
+    print(f"{root}: {line.strip()}")
     return gateway, match.group(1)
 
 

@@ -55,6 +55,7 @@ def test_serves_an_openai_client_and_reports_its_counters_on_sigterm() -> None:
                 line = (await asyncio.wait_for(process.stderr.readline(), 60)).decode()
                 match = re.search(r"serving on (http://\S+)", line)
                 assert match, line
+                assert "uvloop loop" in line  # uvloop is a dependency: the standalone gateway serves on it
                 url = match.group(1)
                 body = {"model": "fake-model", "prompt": "hi", "max_tokens": 3, "stream": True}
                 async with aiohttp.ClientSession() as session:
