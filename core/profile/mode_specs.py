@@ -141,6 +141,10 @@ class SaberSpec(Strict):
     # Scale f(L) in the admission checks by observed / predicted speed of recent admitted requests (ours,
     # beyond the paper; see core/control/speed_drift.py): for live servers whose speed drifts from the profile.
     drift_correction: bool = False
+    # With drift_correction: scale by this quantile of the last 30 ratios instead of their mean (None), so a
+    # request admitted at the edge of its SLA gets the speed it needs with probability about 1 - q on an
+    # engine whose speed is noisy from request to request (see core/control/speed_drift.py).
+    drift_quantile: Annotated[float, Field(gt=0, lt=1)] | None = None
     # `--job compare`'s fcfs-best-static baseline: fcfs at each of these max_num_seqs, the best one kept
     # (the paper sweeps static caps 10-100 in steps of 10, sec. III-B).
     static_caps: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = Field(
