@@ -18,7 +18,10 @@ two CVs over the sweep: the paper's (sec. VI-B eq. 1, Fig. 6: the CV is taken ac
 i.e. std/mean of the per-rate mean ratios; its W2 figures, 17.5% and 20.8% with both curves
 well under the SLA, are too small to be a per-request spread) and, for reference, std/mean of every
 completed request's e2e/SLA pooled over all rates. The attainment gain is also averaged over the sweep
-(the paper's +10.2 / +1.2 / +4.3 points for W1-W3, sec. VI-C).
+(the paper's +10.2 / +1.2 / +4.3 points for W1-W3, sec. VI-C). Three diagnostics of why SABER wins or
+loses: the mean number of requests decoding while the arrivals last (static conc, SABER conc), the share
+of SABER's refusals of a window request that its own speed would have passed but a running request's
+recorded speed did not (line 10's second check: "by running"), and the share of each task SABER demoted.
 
     python benchmarks/saber_vs_static.py [--workloads saber-w1,saber-w2,saber-w3] [--rates 1,2,...]
         [--requests 100] [--seeds 3] [--set key=value ...]   (--set: a saber: setting, e.g. track_progress=true)
@@ -76,12 +79,41 @@ def cv(values: np.ndarray) -> float:
     return float(np.std(values) / np.mean(values)) if len(values) > 1 else float("nan")
 
 
-async def measure(profile: Profile, mode: str, seeds: int) -> list[RunResult]:
+def decoding_concurrency(result: RunResult) -> float:
+    """Mean number of requests decoding (first token to end) while the arrivals last: how much of the engine a
+    mode used under the load. SABER holds it down with the second check of line 10."""
+    measured = [r for r in result.records if not r.warmup]
+    start = min(r.arrival_s for r in measured)
+    stop = max(r.arrival_s for r in measured)
+    if stop <= start:
+        return float("nan")
+    busy = 0.0
+    for r in measured:
+        first = r.first_token_s
+        if r.ok and first is not None and r.end_s is not None:
+            busy += max(0.0, min(r.end_s, stop) - max(first, start))
+    return busy / (stop - start)
+
+
+async def measure(
+    profile: Profile, mode: str, seeds: int, described: list[dict[str, Any]] | None = None
+) -> list[RunResult]:
     results = []
     for seed in range(seeds):
-        result, _ = await run_mode(profile.model_copy(update={"mode": mode}), mode, seed, RunOptions(seed=seed))
+        result, ran = await run_mode(profile.model_copy(update={"mode": mode}), mode, seed, RunOptions(seed=seed))
         results.append(result)
+        if described is not None:
+            described.append(ran)
     return results
+
+
+def demoted_share(results: list[RunResult], tasks: list[str]) -> str:
+    """Per task, the share of measured requests SABER served from its low tier (demoted), in task order."""
+    shares = []
+    for task in tasks:
+        records = [r for result in results for r in result.records if r.task == task and not r.warmup]
+        shares.append(f"{sum(r.tier == 'low' for r in records) / max(1, len(records)):.2f}")
+    return "/".join(shares)
 
 
 def mean(results: list[RunResult], field: str) -> float:
@@ -153,6 +185,7 @@ async def sweep_workload(
     pooled_static: list[np.ndarray] = []
     gains = []
     hardware_cap = max(base.saber.static_caps)
+    tasks = [t.name for t in base.workload.tasks]
     print(
         f"{name}: {requests} requests x {seeds} seeds per point; static caps {base.saber.static_caps}; "
         f"SABER on an engine capped at {hardware_cap}"
@@ -160,14 +193,18 @@ async def sweep_workload(
     print(
         f"{'RPS':>5} {'best cap':>8} {'static att':>10} {'SABER att':>9} {'diff':>6} "
         f"{'static r/s':>10} {'SABER r/s':>9} {'static e2e/SLA':>14} {'SABER e2e/SLA':>13} "
-        f"{'static CV':>9} {'SABER CV':>8}"
+        f"{'static CV':>9} {'SABER CV':>8} {'static conc':>11} {'SABER conc':>10} {'by running':>12} "
+        f"{'demoted ' + '/'.join(t.split('-')[-1][:5] for t in tasks):>22}"
     )
     for rate in rates:
         profile = at_rate(base, rate, requests, saber)
         static = {cap: await measure(with_cap(profile, cap), "fcfs", seeds) for cap in base.saber.static_caps}
         best_cap = max(static, key=lambda cap: (mean(static[cap], "slo_attainment"), -cap))
         best = static[best_cap]
-        ours = await measure(with_cap(profile, hardware_cap), "saber", seeds)
+        described: list[dict[str, Any]] = []
+        ours = await measure(with_cap(profile, hardware_cap), "saber", seeds, described)
+        refused_running = sum(d["refused_running"] for d in described)
+        refusals = refused_running + sum(d["refused_own"] for d in described)
         s_att, o_att = mean(best, "slo_attainment"), mean(ours, "slo_attainment")
         gains.append(o_att - s_att)
         static_ratios = np.concatenate([ratios(r) for r in best])
@@ -179,7 +216,10 @@ async def sweep_workload(
             f"{rate:5.0f} {best_cap:8d} {s_att:10.3f} {o_att:9.3f} {o_att - s_att:+6.3f} "
             f"{mean(best, 'goodput_rps'):10.2f} {mean(ours, 'goodput_rps'):9.2f} "
             f"{static_ratios.mean():14.3f} {saber_ratios.mean():13.3f} "
-            f"{cv(static_ratios):9.3f} {cv(saber_ratios):8.3f}{heavy}",
+            f"{cv(static_ratios):9.3f} {cv(saber_ratios):8.3f} "
+            f"{statistics.fmean(decoding_concurrency(r) for r in best):11.1f} "
+            f"{statistics.fmean(decoding_concurrency(r) for r in ours):10.1f} "
+            f"{refused_running / max(1, refusals):12.2f} {demoted_share(ours, tasks):>22}{heavy}",
             flush=True,
         )
     static_means = np.array([r.mean() for r in pooled_static])

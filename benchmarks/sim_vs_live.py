@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
+import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -54,6 +56,36 @@ def specs(profile: Profile, count: int, first_id: int) -> Iterator[RequestSpec]:
         yield RequestSpec(request_id=first_id + i, prompt_tokens=prompt, output_tokens=output)
 
 
+def cpu_busy_share(window_s: float = 2.0) -> float:
+    """The share of all cores busy over the next `window_s` (from /proc/stat), any process's work included."""
+
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        return idle, sum(fields)
+
+    idle0, total0 = sample()
+    time.sleep(window_s)
+    idle1, total1 = sample()
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_for_quiet(busy_below: float, max_wait_s: float) -> float:
+    """Wait (at most `max_wait_s`) until other work leaves the cores mostly idle; returns the last busy share.
+    On a shared machine a cell measured beside someone else's benchmark measures the neighbour."""
+    deadline = time.monotonic() + max_wait_s
+    busy = cpu_busy_share()
+    while busy >= busy_below and time.monotonic() < deadline:
+        busy = cpu_busy_share()
+    return busy
+
+
+def per_client_for(args: argparse.Namespace, clients: int) -> int:
+    """Measured requests per client: enough that every cell's p99 rests on about `--per-cell` requests (a p99 of
+    16 requests is their maximum, a different statistic from the simulator's p99 of thousands)."""
+    return max(args.per_client, math.ceil(args.per_cell / clients))
+
+
 def plan(profile: Profile, clients: int, per_client: int, first_id: int, max_s: float) -> LoadPlan:
     requests = clients * per_client + clients
     return LoadPlan(
@@ -88,25 +120,61 @@ def knobs_for(profile: Profile, max_num_seqs: int, width: int) -> KnobsSpec:
     )
 
 
-async def run_live(profile: Profile, args: argparse.Namespace) -> list[Cell]:
+async def run_live_round(profile: Profile, args: argparse.Namespace, first_id: int) -> list[Cell]:
     from core.backends.vllm import VllmBackend
 
     cells = []
-    next_id = 1_000_000  # distinct prompts across the whole benchmark (the client salts each with its id)
+    next_id = first_id  # distinct prompts across the whole benchmark (the client salts each with its id)
     for max_num_seqs, width in settings(args):
         knobs = knobs_for(profile, max_num_seqs, width)
         backend = VllmBackend(profile.server, knobs, metrics_interval_s=None)
         try:
             await backend.start(knobs)
             for clients in args.concurrency:
-                outcome = await backend.run(plan(profile, clients, args.per_client, next_id, args.max_s))
+                busy = wait_for_quiet(args.quiet_below, args.quiet_wait_s) if args.quiet_wait_s > 0 else None
+                per_client = per_client_for(args, clients)
+                outcome = await backend.run(plan(profile, clients, per_client, next_id, args.max_s))
                 next_id += 10_000
                 completed, p99, p50, rps = measure(outcome)
                 cells.append(Cell(max_num_seqs, width, clients, "live", completed, p99, p50, rps))
-                print(f"live m{max_num_seqs} k{width} c{clients}: p99 {p99} rps {rps}", file=sys.stderr)
+                print(
+                    f"live m{max_num_seqs} k{width} c{clients}: n {completed} p99 {p99} rps {rps} "
+                    f"(cores busy before: {busy})",
+                    file=sys.stderr,
+                )
         finally:
             await backend.close()
     return cells
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def median_cells(rounds: list[list[Cell]]) -> list[Cell]:
+    """Per cell, the median over rounds of p99, p50 and throughput: a shared machine's speed moves by up to 2x
+    between minutes, and a cell measured once says as much about that minute as about the server."""
+    merged = []
+    for same in zip(*rounds, strict=True):
+        first = same[0]
+        merged.append(
+            Cell(
+                first.max_num_seqs,
+                first.spec_width,
+                first.concurrency,
+                first.world,
+                sum(c.completed for c in same),
+                _median([c.p99_s for c in same]),
+                _median([c.p50_s for c in same]),
+                _median([c.throughput_rps for c in same]),
+            )
+        )
+    return merged
+
+
+async def run_live(profile: Profile, args: argparse.Namespace) -> list[list[Cell]]:
+    return [await run_live_round(profile, args, 1_000_000 * (r + 1)) for r in range(args.rounds)]
 
 
 async def run_sim(profile: Profile, calibration_path: Path, args: argparse.Namespace) -> list[Cell]:
@@ -117,7 +185,7 @@ async def run_sim(profile: Profile, calibration_path: Path, args: argparse.Names
         for clients in args.concurrency:
             # More requests than live: the simulator's p99 should not be a small-sample estimate.
             outcome = await SimBackend(calibration, knobs, seed=args.seed).run(
-                plan(profile, clients, args.per_client * 10, 0, args.max_s * 10)
+                plan(profile, clients, per_client_for(args, clients) * 10, 0, args.max_s * 10)
             )
             completed, p99, p50, rps = measure(outcome)
             cells.append(Cell(max_num_seqs, width, clients, calibration_path.stem, completed, p99, p50, rps))
@@ -173,9 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-num-seqs", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--spec-width", type=int, default=4, help="0: no speculative row")
     parser.add_argument("--spec-max-num-seqs", type=int, default=8)
-    parser.add_argument("--per-client", type=int, default=8, help="measured requests per client (live)")
+    parser.add_argument("--per-client", type=int, default=8, help="least measured requests per client (live)")
+    parser.add_argument("--per-cell", type=int, default=120, help="least measured requests per cell (live)")
+    parser.add_argument("--rounds", type=int, default=3, help="live grid rounds; each cell's median is compared")
     parser.add_argument("--max-s", type=float, default=20.0, help="stop sending after this long per cell")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quiet-wait-s", type=float, default=0.0, help="before each live cell, wait up to this")
+    parser.add_argument("--quiet-below", type=float, default=0.35, help="... until this share of cores is busy")
     parser.add_argument("--live-json", type=Path, help="reuse live cells from an earlier run's --out")
     parser.add_argument("--out", type=Path, help="write the cells as JSON")
     args = parser.parse_args(argv)
@@ -183,15 +255,16 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     started = time.strftime("%Y-%m-%d %H:%M")
     if args.live_json:
-        live = [Cell(**c) for c in json.loads(args.live_json.read_text())["live"]]
+        rounds = [[Cell(**c) for c in cells] for cells in json.loads(args.live_json.read_text())["live_rounds"]]
     else:
-        live = asyncio.run(run_live(profile, args))
+        rounds = asyncio.run(run_live(profile, args))
+    live = median_cells(rounds)
     load_after = os.getloadavg()[0]
     sims = [asyncio.run(run_sim(profile, path, args)) for path in args.calibration]
     print(
-        f"Simulator vs live vLLM ({profile.name}, closed loop, {args.per_client} measured requests per client "
-        f"live; {started}; load average {load_before:.1f} before, {load_after:.1f} after, on "
-        f"{os.cpu_count()} cores):\n"
+        f"Simulator vs live vLLM ({profile.name}, closed loop, live: median of {len(rounds)} rounds, at least "
+        f"{args.per_cell} measured requests per cell; {started}; load average {load_before:.1f} before, "
+        f"{load_after:.1f} after, on {os.cpu_count()} cores):\n"
     )
     print(table(live, sims))
     for cells in sims:
@@ -200,7 +273,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         args.out.write_text(
             json.dumps(
-                {"live": [asdict(c) for c in live], "sim": [[asdict(c) for c in cells] for cells in sims]}, indent=1
+                {
+                    "live_rounds": [[asdict(c) for c in cells] for cells in rounds],
+                    "sim": [[asdict(c) for c in cells] for cells in sims],
+                },
+                indent=1,
             )
         )
     return 0

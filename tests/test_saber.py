@@ -93,6 +93,22 @@ def test_refuses_when_a_running_request_would_lose_its_recorded_speed() -> None:
     assert len(policy.release(0.0, [replica])) == 1
 
 
+def test_refusals_are_counted_by_which_check_of_line_10_failed_and_the_ablation_drops_the_second() -> None:
+    replica = FakeReplica(0, {10: running(10, 95.0)})  # admitted needing 95; f(2) = 90.9 would break it
+    policy = SaberPolicy(MODEL)
+    policy.on_arrival(request(1, 10, 10.0), 0.0, [replica])  # needs 1 tok/s: refused for the running one
+    policy.on_arrival(request(2, 95, 1.0), 0.0, [replica])  # needs 95 > f(2): refused for itself
+    assert policy.release(0.0, [replica]) == []
+    assert (policy.refused_running, policy.refused_own) == (1, 1)
+    assert policy.describe()["refused_running"] == 1
+    # Without the second check (the ablation) the light request is admitted at once; the other still is not.
+    ablated = SaberPolicy(MODEL, protect_running=False)
+    ablated.on_arrival(request(1, 10, 10.0), 0.0, [replica])
+    ablated.on_arrival(request(2, 95, 1.0), 0.0, [replica])
+    assert [r.request.request_id for r in ablated.release(0.0, [replica])] == [1]
+    assert ablated.refused_running == 0 and ablated.refused_own >= 1  # once or twice, by the window's order
+
+
 def test_admits_several_per_call_with_the_load_it_adds_itself() -> None:
     policy = SaberPolicy(MODEL)
     replica = FakeReplica(0)

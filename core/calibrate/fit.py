@@ -34,7 +34,7 @@ import numpy as np
 import yaml
 from scipy.optimize import brentq, least_squares, lsq_linear
 
-from core.profile import Calibration, PerfTerm, PowerModel
+from core.profile import Calibration, PerfTerm, PowerModel, StallModel
 from core.sim.perf_model import expected_accepted_tokens
 
 # Feature columns of an observation, in PerfTerm's coefficient order.
@@ -293,6 +293,7 @@ def build_calibration(
     max_model_len: int,
     acceptance_concentration: float = 20.0,
     power: PowerModel | None = None,
+    stalls: StallModel | None = None,
 ) -> Calibration:
     """A validated `Calibration` (core/profile.py) from the fit and the server's facts."""
     terms = [term.model_copy(update={c: _significant(getattr(term, c)) for c in COEFFICIENTS}) for term in fit.terms]
@@ -309,6 +310,13 @@ def build_calibration(
         acceptance_concentration=acceptance_concentration,
         max_model_len=int(max_model_len),
         power=power,
+        stalls=None
+        if stalls is None
+        else StallModel(
+            rate_per_s=_significant(stalls.rate_per_s),
+            mean_s=_significant(stalls.mean_s),
+            cv=_significant(stalls.cv, 2),
+        ),
     )
 
 

@@ -27,6 +27,7 @@ from core.calibrate.fit import (
     fit_step_model,
     write_calibration,
 )
+from core.calibrate.stalls import STALL_FACTOR, fit_stalls
 from core.calibrate.step_observations import client_overhead_s, noise_cv
 from core.calibrate.sweep import median_itl, run_sweep
 from core.calibrate.sweep_points import SweepResult, SweepSettings, Timing
@@ -159,6 +160,16 @@ def _derivation(
             f"Not in the simulator: a per-request latency outside the engine steps (HTTP, tokenisation, API "
             f"server hand-off) of {overhead * 1000:.1f} ms (median client TTFT minus engine prefill)."
         )
+    observed = sum(s.observed_s for s in sweep.stall_samples)
+    stalls = fit_stalls(sweep.stall_samples)
+    if stalls is not None:
+        parts.append(
+            f"Stalls (core/calibrate/stalls.py): gaps of over {STALL_FACTOR:g} typical steps in the merged token "
+            f"stream of all clients while a request was mid-stream: {stalls.rate_per_s:.3g} per second over "
+            f"{observed:.0f} s observed, mean {stalls.mean_s * 1000:.0f} ms, CV {stalls.cv:.2f}."
+        )
+    else:
+        parts.append(f"Stalls: too few in {observed:.0f} s observed to model; left out.")
     parts += notes
     return " ".join(parts)
 
@@ -222,6 +233,7 @@ def calibrate_from_sweep(
         max_model_len=max_len,
         # No power model: the profile's previous calibration may describe other hardware entirely.
         power=None,
+        stalls=fit_stalls(sweep.stall_samples),
     )
     return fit, calibration, acceptance_length
 

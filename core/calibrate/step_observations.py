@@ -10,6 +10,7 @@ import numpy as np
 from core.backends.base import RunOutcome
 from core.calibrate.engine_counters import EngineCounters
 from core.calibrate.fit import StepObservation, robust_cv
+from core.calibrate.stalls import observe_stalls
 from core.calibrate.sweep_points import DecodeSamples, PointResult, SweepPoint
 from core.records import RequestRecord, Status
 
@@ -228,6 +229,7 @@ def summarize_point(
         throughput_rps=len(ok) / span if span > 0 else None,
         client_ttfts=ttft,
         client_e2es=e2e,
+        stalls=observe_stalls(outcome.records),
     )
     if point.kind == "prefill":
         engine_prefill = counters.mean("prefill_time") if counters is not None else None

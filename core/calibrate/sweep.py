@@ -47,6 +47,7 @@ import numpy as np
 from core.backends.base import LoadPlan
 from core.calibrate.engine_counters import EngineCounters
 from core.calibrate.fit import StepObservation
+from core.calibrate.stalls import StallSample
 from core.calibrate.step_observations import summarize_point
 from core.calibrate.sweep_points import (
     PointResult,
@@ -106,6 +107,7 @@ async def run_sweep(
     spec_knobs = plain.model_copy(update={"spec_on": True, "spec_width": settings.spec_width})
     ids = _RequestIds()
     results: list[PointResult] = []
+    stall_samples: list[StallSample] = []
     facts = ServerFacts(None, None, None)
     interrupted = False
     try:
@@ -140,6 +142,7 @@ async def run_sweep(
                         continue  # prefill points are measured once
                     result, interrupted = await _measure_point(target, point, ids, settings, block)
                     measured[i].append(result)
+                    stall_samples.append(result.stalls)
                     if interrupted:
                         break
                 if interrupted:
@@ -155,7 +158,7 @@ async def run_sweep(
     except asyncio.CancelledError:
         interrupted = True
     description = target.describe()
-    return SweepResult(settings, facts, results, description, notes, interrupted)
+    return SweepResult(settings, facts, results, description, notes, interrupted, stall_samples)
 
 
 async def _measure_point(

@@ -8,6 +8,7 @@ from typing import Any, Literal
 import numpy as np
 
 from core.calibrate.fit import StepObservation
+from core.calibrate.stalls import StallSample
 
 PointKind = Literal["decode", "prefill"]
 Timing = Literal["e2e", "steps"]
@@ -108,6 +109,7 @@ class PointResult:
     engine_batch: float | None = None  # mean decoding requests per step, from the engine's counters
     client_ttfts: list[float] = field(default_factory=list)
     client_e2es: list[float] = field(default_factory=list)
+    stalls: StallSample = field(default_factory=StallSample)  # of this repeat's records
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -142,6 +144,9 @@ class SweepResult:
     description: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
+    # Every measured repeat's stalls, the repeats not kept as a point's median included: stalls are rare, and
+    # all the observed time counts towards their rate.
+    stall_samples: list[StallSample] = field(default_factory=list)
 
     def observations(self, timing: Timing = "e2e") -> list[StepObservation]:
         """The fit's input. "steps": engine-timed steps (else chunk gaps). "e2e": decode points as the

@@ -45,6 +45,7 @@ def _saber(ctx: ModeContext) -> Policy:
         feasibility=spec.feasibility,
         drift_correction=spec.drift_correction,
         drift_quantile=spec.drift_quantile,
+        protect_running=spec.protect_running,
         send_priority=ctx.profile.knobs.scheduling_policy == "priority",
         max_load=max(spec.profile_loads),
         fit_r2={kind: model.r2 for kind, model in speeds.models.items()},

@@ -22,6 +22,8 @@ admission) and `feasibility="offered-load"` (demote above the speed the current 
 A third, `drift_correction`, is for live engines: it scales f(L) in the admission checks by how fast
 admitted requests actually ran against what f(L) predicted for them (core/control/speed_drift.py); with
 `drift_quantile` the scale is a low quantile of those ratios instead of their mean.
+`protect_running: false` is an ablation, not a mode: it drops the second condition of line 10 (the speed
+recorded for every running request), so the benchmark can measure what that condition costs or gains.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class SaberPolicy(Policy):
         drift_correction: bool = False,
         drift_quantile: float | None = None,
         send_priority: bool = False,
+        protect_running: bool = True,
         seed: int = 0,
     ) -> None:
         if window_size < 1:
@@ -104,6 +107,7 @@ class SaberPolicy(Policy):
         self.window_size = window_size
         self.best_effort_max_load = best_effort_max_load
         self.track_progress = track_progress
+        self.protect_running = protect_running
         self._progress_at: dict[int, tuple[float, int]] = {}  # replica -> (last update, load since then)
         self.rng = np.random.default_rng(seed)
         self.high = HeldQueue()
@@ -113,6 +117,10 @@ class SaberPolicy(Policy):
         self.demoted = 0
         self.admitted_high = 0
         self.released_low = 0
+        # Why window requests were passed over (line 10), one count per request and replica evaluated: its own
+        # required speed above f(L+1), or (its own met) a running request's recorded speed above f(L+1).
+        self.refused_own = 0
+        self.refused_running = 0
 
     # ------------------------------------------------------------ queue placement (sec. IV-C step 1)
 
@@ -204,7 +212,9 @@ class SaberPolicy(Policy):
         # Load and the highest required speed of a running request per replica, kept current as this call
         # admits.
         loads = {r.index: r.load for r in replicas}
-        if self.track_progress:
+        if not self.protect_running:
+            floor = {r.index: 0.0 for r in replicas}  # ablation: line 10's second condition dropped
+        elif self.track_progress:
             floor = {r.index: self._refreshed_floor(r, now) for r in replicas}
         else:
             floor = {r.index: _max_recorded(r) for r in replicas}
@@ -262,7 +272,11 @@ class SaberPolicy(Policy):
                 # line 8; an idle replica is judged by f as profiled: the drift is learnt from completions,
                 # and an engine that admits nothing while it is idle would never learn that it sped up again.
                 predicted = self._speed(loads[index] + 1) if loads[index] else self.model(1)
-                if predicted < needed or predicted < floor[index]:  # line 10
+                if predicted < needed:  # line 10, first condition
+                    self.refused_own += 1
+                    continue
+                if predicted < floor[index]:  # line 10, second condition
+                    self.refused_running += 1
                     continue
                 self.high.remove(req)  # line 13
                 req.state[PREDICTED_SPEED_KEY] = self.model(loads[index] + 1)
@@ -274,7 +288,8 @@ class SaberPolicy(Policy):
                     req.state[REQUIRED_SPEED_KEY] = 0.0
                 else:
                     req.state[REQUIRED_SPEED_KEY] = needed  # the paper records it with the timestamp
-                    floor[index] = max(floor[index], needed)
+                    if self.protect_running:
+                        floor[index] = max(floor[index], needed)
                 self.admitted_high += 1
                 return Release(req, index)
         return None
@@ -352,9 +367,12 @@ class SaberPolicy(Policy):
             "track_progress": self.track_progress,
             "feasibility": self.feasibility,
             "drift": None if self.drift is None else self.drift.describe(),
+            "protect_running": self.protect_running,
             "admitted_high": self.admitted_high,
             "released_low": self.released_low,
             "demoted": self.demoted,
+            "refused_own": self.refused_own,
+            "refused_running": self.refused_running,
         }
 
 

@@ -30,6 +30,7 @@ from core.profile.serving_spec import (
     PerfTerm,
     PowerModel,
     ServerSpec,
+    StallModel,
     SustainabilitySpec,
 )
 from core.profile.strict import Strict
@@ -77,6 +78,7 @@ __all__ = [
     "ServerSpec",
     "SlosServeSpec",
     "SmoothGoodputSpec",
+    "StallModel",
     "Strict",
     "SustainabilitySpec",
     "TaskSpec",

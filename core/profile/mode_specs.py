@@ -145,6 +145,9 @@ class SaberSpec(Strict):
     # request admitted at the edge of its SLA gets the speed it needs with probability about 1 - q on an
     # engine whose speed is noisy from request to request (see core/control/speed_drift.py).
     drift_quantile: Annotated[float, Field(gt=0, lt=1)] | None = None
+    # Ablation (not the paper): false drops Algorithm 1's second check (line 10: f(L+1) must still meet the
+    # speed recorded for every running request), so a benchmark can measure what that check costs.
+    protect_running: bool = True
     # `--job compare`'s fcfs-best-static baseline: fcfs at each of these max_num_seqs, the best one kept
     # (the paper sweeps static caps 10-100 in steps of 10, sec. III-B).
     static_caps: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)] = Field(

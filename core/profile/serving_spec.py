@@ -53,6 +53,20 @@ class PowerModel(Strict):
     peak_w: Annotated[float, Field(ge=0)]
 
 
+class StallModel(Strict):
+    """Stalls of a shared machine: pauses in which no client hears from the server (another process holds the
+    cores, the API process collects garbage, ...). They come as a Poisson process over the engine's busy time
+    at `rate_per_s`, each lasting a lognormal time of mean `mean_s` and coefficient of variation `cv`; a stall
+    lengthens the step it falls in. Measured by `--job calibrate` from gaps in the merged token stream of all
+    clients (core/calibrate/stalls.py). Per-step noise (`noise_cv`) is independent step to step and averages
+    out over a request; a stall delays every request in flight at once, which is what makes a CPU server's p99
+    several times its median."""
+
+    rate_per_s: Annotated[float, Field(ge=0)]
+    mean_s: Annotated[float, Field(ge=0)]
+    cv: Annotated[float, Field(ge=0)] = 1.0
+
+
 class Calibration(Strict):
     name: str
     model: str
@@ -67,6 +81,7 @@ class Calibration(Strict):
     acceptance_concentration: Annotated[float, Field(gt=0)] = 20.0
     max_model_len: Annotated[int, Field(ge=1)] = 4096
     power: PowerModel | None = None
+    stalls: StallModel | None = None  # None: a dedicated machine (the spec-derived calibrations)
 
 
 class SustainabilitySpec(Strict):

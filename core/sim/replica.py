@@ -37,12 +37,38 @@ from typing import Any
 
 import numpy as np
 
-from core.profile import Calibration, KnobsSpec
+from core.profile import Calibration, KnobsSpec, StallModel
 from core.records import RequestSpec
 from core.sim.perf_model import StepTimeModel, expected_accepted_tokens
 
 NOISE_BLOCK = 65536
 INITIAL_STEPS = 1 << 16
+
+
+class StallClock:
+    """When the machine stalls (Calibration.stalls): Poisson arrivals over busy time, lognormal durations.
+
+    It draws from a stream of its own, spawned from the replica's, so a calibration with stalls changes no
+    other random draw of the run (acceptance, step noise) and runs with and without stalls stay comparable."""
+
+    __slots__ = ("_mean_gap_s", "_mu", "_rng", "_sigma", "_until_next_s")
+
+    def __init__(self, model: StallModel, rng: np.random.Generator) -> None:
+        self._rng = rng.spawn(1)[0]
+        self._mean_gap_s = 1.0 / model.rate_per_s
+        self._sigma = math.sqrt(math.log1p(model.cv * model.cv))
+        self._mu = math.log(model.mean_s) - 0.5 * self._sigma * self._sigma if model.mean_s > 0 else -math.inf
+        self._until_next_s = self._rng.exponential(self._mean_gap_s)
+
+    def stall_within(self, busy_s: float) -> float:
+        """The stall time that falls within the next `busy_s` seconds of engine work (usually 0)."""
+        self._until_next_s -= busy_s
+        stalled = 0.0
+        while self._until_next_s <= 0.0:
+            if self._mu > -math.inf:
+                stalled += float(self._rng.lognormal(self._mu, self._sigma))
+            self._until_next_s += self._rng.exponential(self._mean_gap_s)
+        return stalled
 
 
 @dataclass(slots=True)
@@ -91,6 +117,9 @@ class EngineReplica:
         self.on_complete = on_complete
         self._noise = self._noise_block()
         self._noise_i = 0
+        self._stalls = (
+            StallClock(calibration.stalls, rng) if calibration.stalls and calibration.stalls.rate_per_s else None
+        )
 
         self.width = knobs.effective_spec_width
         self.max_seqs = knobs.max_num_seqs
@@ -169,7 +198,9 @@ class EngineReplica:
         return dt * self._noise[i]
 
     def _record_step_end(self, dt: float) -> int:
-        """Advance the clock by one step of `dt` seconds; returns the step's index."""
+        """Advance the clock by one step of `dt` seconds (plus any stall that falls in it); returns its index."""
+        if self._stalls is not None:
+            dt += self._stalls.stall_within(dt)
         self.clock += dt
         self.busy_s += dt
         step = self.step

@@ -1,0 +1,116 @@
+"""Stalls of a shared machine: found in clients' token streams, fitted, and replayed by the simulator."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.backends.base import LoadPlan
+from core.backends.sim import SimBackend
+from core.calibrate.job import run_calibrate
+from core.calibrate.stalls import StallSample, fit_stalls, observe_stalls
+from core.calibrate.sweep_targets import SimTarget
+from core.metrics import percentiles
+from core.profile import Calibration, KnobsSpec, PerfTerm, StallModel, load_profile
+from core.records import RequestRecord, RequestSLO, RequestSpec
+
+
+def streamed(request_id: int, times: list[float]) -> RequestRecord:
+    return RequestRecord(
+        request_id=request_id,
+        task="t",
+        slo=RequestSLO(),
+        prompt_tokens=8,
+        max_tokens=len(times),
+        scheduled_s=times[0] - 0.01,
+        arrival_s=times[0] - 0.01,
+        end_s=times[-1],
+        output_tokens=len(times),
+        chunk_times=np.array(times),
+    )
+
+
+def test_a_pause_of_every_stream_at_once_is_one_stall_and_think_time_is_none() -> None:
+    step = 0.002
+    # Two overlapping streams, 2 ms steps, both paused 200 ms from t=0.1.
+    a = [i * step for i in range(100)]
+    a = [t if t < 0.1 else t + 0.2 for t in a]
+    b = [0.001 + t for t in a]
+    # A third request after a 1 s pause in which nothing was in flight (client think time): not observed.
+    c = [1.5 + i * step for i in range(20)]
+    sample = observe_stalls([streamed(1, a), streamed(2, b), streamed(3, c)])
+    assert sample.typical_step_s == pytest.approx(step)
+    assert len(sample.durations_s) == 1
+    assert sample.durations_s[0] == pytest.approx(0.2 - step + step / 2, abs=0.002)
+    # Observed: the two streams' span (0.399 s) plus the third's (0.038 s), not the second of think time.
+    assert sample.observed_s == pytest.approx(0.399 + 19 * step, abs=0.003)
+
+
+def test_fit_needs_enough_stalls_and_gives_rate_per_observed_second() -> None:
+    assert fit_stalls([StallSample(10.0, 0.002, [0.1, 0.2])]) is None
+    model = fit_stalls([StallSample(10.0, 0.002, [0.1, 0.3]), StallSample(10.0, 0.002, [0.2])])
+    assert model is not None
+    assert model.rate_per_s == pytest.approx(3 / 20)
+    assert model.mean_s == pytest.approx(0.2)
+    assert model.cv == pytest.approx(np.std([0.1, 0.3, 0.2]) / 0.2)
+
+
+def engine(stalls: StallModel | None) -> Calibration:
+    return Calibration(
+        name="cpu-like",
+        model="m",
+        hardware="h",
+        terms=[PerfTerm(name="sum", base_s=0.002, per_token_s=1e-5, per_seq_s=2e-4)],
+        kv_capacity_tokens=200000,
+        block_size=16,
+        noise_cv=0.05,
+        max_model_len=2048,
+        stalls=stalls,
+    )
+
+
+def closed_loop(clients: int, requests: int) -> LoadPlan:
+    specs = (RequestSpec(request_id=i, prompt_tokens=32, output_tokens=64) for i in range(requests))
+    return LoadPlan(requests=specs, mode="closed", concurrency=clients, max_requests=requests)
+
+
+def e2e_percentiles(calibration: Calibration) -> dict[str, float]:
+    outcome = asyncio.run(SimBackend(calibration, KnobsSpec(max_num_seqs=8), seed=3).run(closed_loop(8, 4000)))
+    e2e = np.array([r.e2e_s for r in outcome.records if r.ok and r.e2e_s is not None])
+    p50, p99 = percentiles(e2e, (50, 99))
+    return {"p50": p50, "p99": p99}
+
+
+def test_stalls_lift_the_tail_far_more_than_the_median() -> None:
+    calm = e2e_percentiles(engine(None))
+    # One 300 ms stall every 4 s of engine work: a few percent of requests are caught in one.
+    stalled = e2e_percentiles(engine(StallModel(rate_per_s=0.25, mean_s=0.3, cv=0.5)))
+    assert stalled["p50"] < 1.1 * calm["p50"]
+    assert stalled["p99"] > calm["p99"] + 0.15
+    # A stall model that never fires is the calm machine, draw for draw.
+    assert e2e_percentiles(engine(StallModel(rate_per_s=0.0, mean_s=0.3))) == calm
+
+
+def test_a_sweep_of_a_stalling_simulator_recovers_its_stalls(tmp_path: Path) -> None:
+    """The calibration job against the simulator with known stalls: rate and mean duration come back."""
+    truth = StallModel(rate_per_s=0.5, mean_s=0.1, cv=0.5)
+    profile = load_profile("profiles/vllm-cpu-tiny.yaml")
+    result = asyncio.run(
+        run_calibrate(
+            profile, backend_kind="sim", sink=lambda _: None, out_dir=tmp_path, target=SimTarget(engine(truth))
+        )
+    )
+    assert result.calibration is not None and result.calibration.stalls is not None
+    fitted = result.calibration.stalls
+    assert fitted.rate_per_s == pytest.approx(truth.rate_per_s, rel=0.5)
+    assert fitted.mean_s == pytest.approx(truth.mean_s, rel=0.3)
+    # Without stalls in the engine, the calibration has none either.
+    calm = asyncio.run(
+        run_calibrate(
+            profile, backend_kind="sim", sink=lambda _: None, out_dir=tmp_path / "calm", target=SimTarget(engine(None))
+        )
+    )
+    assert calm.calibration is not None and calm.calibration.stalls is None
