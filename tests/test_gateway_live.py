@@ -68,7 +68,17 @@ OVERLOAD = 2.0  # offered rate / measured capacity
 # at load 7-10: 0.16 vs 0.12). The longer window is the measured effect made larger, not a looser assert.
 RUN_S = 30.0
 WARMUP_S = 8.0  # SABER's drift-correction warm-up before its measured run
-DRIFT_QUANTILE = 0.1  # SABER scales f(L) by this quantile of recent observed / predicted speeds (see below)
+# SABER's low tier holds requests already judged past their SLA; in the paper's engine (batch cap above every
+# load) a best-effort request never holds a batch slot an admitted one needs. vLLM here has 8 slots and does
+# not preempt a running request for a waiting one of higher priority, so a best-effort request in a slot
+# makes the next admitted request wait in vLLM's queue: with the low tier allowed up to the knee (8-16),
+# admitted requests that missed spent 1.4 s at the median from release to first token (2026-11-24). The low
+# tier takes at most a quarter of the batch.
+BEST_EFFORT_MAX_LOAD = KNOBS.max_num_seqs // 4
+DRIFT_QUANTILE = 0.1
+# SABER's admitted attainment must beat fcfs's by this much (and be at least twice it). Measured with this
+# test as it is: see the README ("in-front integration test") for every run's figures.
+ATTAINMENT_MARGIN = 0.2  # SABER scales f(L) by this quantile of recent observed / predicted speeds (see below)
 
 
 def profile_for_test() -> Profile:
@@ -186,7 +196,9 @@ def test_saber_gateway_bounds_what_it_admits_where_fcfs_drowns_at_twice_capacity
     # fcfs's queue grows for the whole run, and so does the latency of everything it admitted; SABER's admitted
     # requests wait in its queue until f(L) says they can be served, and then run at a bounded load.
     assert saber.lateness <= 0.75 * fcfs.lateness, results
+    # The claim: the requests SABER admits meet their SLO far more often than fcfs's (which admits all).
     print(f"admitted attainment: saber {saber.attainment:.2f}, fcfs {fcfs.attainment:.2f}")
+    assert saber.attainment >= max(2.0 * fcfs.attainment, fcfs.attainment + ATTAINMENT_MARGIN), results
 
 
 async def offline_phase(backend: GatewayBackend) -> tuple[SpeedModel, float, float, int]:
@@ -254,7 +266,10 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
         # An SLO the engine meets comfortably at its best-throughput concurrency, and a load it cannot carry.
         slo_s = 2.0 * knee_latency_s
         rate = OVERLOAD * capacity
-        print(f"attempt {attempt + 1}: capacity {capacity:.1f} req/s, SLO {slo_s:.3f} s, offered {rate:.1f} req/s")
+        print(
+            f"attempt {attempt + 1}: capacity {capacity:.1f} req/s at {knee} clients, SLO {slo_s:.3f} s,"
+            f" offered {rate:.1f} req/s"
+        )
         fcfs = await run_mode(backend, "fcfs", Policy(), rate, slo_s)
         # The comparison needs an overloaded engine, and the shared machine's speed swings between the
         # capacity measurement and the run: if fcfs kept up with 2/3 of the offered rate, measure again (once).
@@ -267,7 +282,11 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
     # the profiled speed: a warm-up of the same load through the same policy, discarded, lets it meet the
     # measured run as a gateway that has been serving would (one that keeps serving keeps its ratio).
     policy = SaberPolicy(
-        model, best_effort_max_load=knee, drift_correction=True, drift_quantile=DRIFT_QUANTILE, send_priority=True
+        model,
+        best_effort_max_load=BEST_EFFORT_MAX_LOAD,
+        drift_correction=True,
+        drift_quantile=DRIFT_QUANTILE,
+        send_priority=True,
     )
     await run_mode(backend, "saber warm-up", policy, rate, slo_s, run_s=WARMUP_S)
     saber = await run_mode(backend, "saber", policy, rate, slo_s)
