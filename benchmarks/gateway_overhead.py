@@ -1,19 +1,28 @@
 """Latency the admission gateway adds: the same open-loop load sent directly to a server and through the gateway.
 
     python benchmarks/gateway_overhead.py [--rate 200] [--duration 10] [--tokens 16] [--rounds 2]
+        [--baseline-root DIR]
 
 The upstream is a small aiohttp server in its own process that streams `--tokens` SSE chunks shaped like
 vLLM's at once (no model: it exists to make the gateway's own cost visible, not to measure serving). The
 gateway is `slo-console gateway` (mode fcfs) in a process of its own, as a user runs it. This process sends
-Poisson arrivals at `--rate` req/s for `--duration` s with aiohttp, alternating direct and gateway rounds,
-and reports per-request TTFT and end-to-end latency percentiles for both paths and their difference (what
-the gateway adds). All three processes share this machine's cores, so the figures include that contention.
+Poisson arrivals at `--rate` req/s for `--duration` s with aiohttp, the paths taking turns (each round
+rotates their order, so no path always runs first), and reports per-request TTFT and end-to-end latency
+percentiles for both paths and their difference (what the gateway adds): over all rounds pooled, and per
+round with the median over rounds (one stall of another process on a shared machine spoils one round's p99,
+not the median). All three processes share this machine's cores, so the figures include that contention.
+The client and the upstream freeze their start-up heap out of the garbage collector's view (both paths see
+them alike; the gateway does the same for itself, core/control/gateway_service.py).
+
+`--baseline-root DIR` adds a third path: the gateway of another checkout (e.g. `git worktree add DIR COMMIT`),
+run the same way, in the same rotation, for before/after comparisons under the same load.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import re
@@ -28,6 +37,7 @@ import numpy as np
 from aiohttp import web
 
 ROOT = Path(__file__).resolve().parents[1]
+WARM_UP = 20  # requests per round that warm the connection pool, not measured
 sys.path.insert(0, str(ROOT))
 
 from core.metrics import percentiles  # noqa: E402
@@ -61,6 +71,8 @@ def serve_upstream(tokens: int) -> None:
     app = web.Application()
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
+    gc.collect()
+    gc.freeze()
     web.run_app(app, host="127.0.0.1", port=0, print=lambda _: None, handle_signals=True, access_log=None)
 
 
@@ -124,7 +136,7 @@ async def _load(url: str, rate: float, duration_s: float, tokens: int, seed: int
     results: list[tuple[float, float]] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        for _ in range(20):  # warm the connection pool; not measured
+        for _ in range(WARM_UP):  # warm the connection pool; not measured
             await _one(session, url, tokens, [])
         start = time.perf_counter()
         tasks = []
@@ -137,64 +149,112 @@ async def _load(url: str, rate: float, duration_s: float, tokens: int, seed: int
     return np.asarray(results)
 
 
+def _start_gateway(root: Path, upstream_url: str) -> tuple[subprocess.Popen[str], str]:
+    """`slo-console gateway` of the checkout at `root`, in front of the upstream; returns it and its URL."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    argv = [sys.executable, "-m", "console", "gateway", "--upstream", upstream_url, "--port", "0"]
+    gateway = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=root, env=env
+    )
+    assert gateway.stderr is not None
+    line = gateway.stderr.readline()
+    match = re.search(r"serving on (http://\S+)", line)
+    if not match:
+        _stop(gateway)
+        raise RuntimeError(f"the gateway in {root} did not start: {line.strip()}")
+    return gateway, match.group(1)
+
+
+def _ms(values: np.ndarray) -> tuple[float, float]:
+    p50, p99 = percentiles(values, (50.0, 99.0))
+    return p50 * 1e3, p99 * 1e3
+
+
+def _report(
+    args: argparse.Namespace, samples: dict[str, list[np.ndarray]], cpu: dict[str, float], loads: list[float]
+) -> None:
+    """Print the pooled table, the gateways' CPU per request, each round (with the 1-minute load average at
+    its end) and the medians over rounds."""
+    print(
+        f"rate {args.rate:g} req/s Poisson, {args.duration:g} s x {args.rounds} rounds per path, "
+        f"{args.tokens} streamed chunks per request, {os.cpu_count()} CPUs, load average "
+        + " ".join(f"{v:.1f}" for v in os.getloadavg())
+    )
+    print("all rounds pooled:")
+    print(f"{'path':<9} {'requests':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'e2e p50 ms':>11} {'e2e p99 ms':>11}")
+    figures: dict[str, tuple[float, ...]] = {}
+    for name, parts in samples.items():
+        data = np.concatenate(parts)
+        figures[name] = (*_ms(data[:, 0]), *_ms(data[:, 1]))
+        print(f"{name:<9} {len(data):>8} " + " ".join(f"{v:>11.3f}" for v in figures[name]))
+    gateways = [name for name in samples if name != "direct"]
+    for name in gateways:
+        added = [g - d for g, d in zip(figures[name], figures["direct"], strict=True)]
+        label = "added" if name == "gateway" else f"added ({name})"
+        print(f"{label:<18}" + " ".join(f"{v:>11.3f}" for v in added))
+    for name in gateways:
+        served = sum(len(part) for part in samples[name]) + WARM_UP * args.rounds  # warm-up went through it too
+        print(f"{name} CPU per request: {cpu[name] / served * 1e3:.3f} ms (its process, user + system)")
+    # Each round on its own: on a shared machine one stall of another process shows up in one round's p99.
+    print("per round (e2e ms; added: the gateway's round minus the direct round of the same turn):")
+    per_round: dict[str, list[tuple[float, float]]] = {name: [] for name in samples}
+    for index in range(args.rounds):
+        parts = []
+        for name in samples:
+            p50, p99 = _ms(samples[name][index][:, 1])
+            per_round[name].append((p50, p99))
+            parts.append(f"{name} p50 {p50:.3f} p99 {p99:.3f}")
+        for name in gateways:
+            parts.append(f"{name} added p99 {per_round[name][index][1] - per_round['direct'][index][1]:.3f}")
+        print(f"round {index + 1} (load {loads[index]:.1f}): " + ", ".join(parts))
+    for name in gateways:
+        added_p50 = [g[0] - d[0] for g, d in zip(per_round[name], per_round["direct"], strict=True)]
+        added_p99 = [g[1] - d[1] for g, d in zip(per_round[name], per_round["direct"], strict=True)]
+        print(
+            f"median over rounds, {name}: e2e p99 {np.median([r[1] for r in per_round[name]]):.3f} ms "
+            f"(direct {np.median([r[1] for r in per_round['direct']]):.3f}), "
+            f"added p50 {np.median(added_p50):.3f} ms, added p99 {np.median(added_p99):.3f} ms"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=float, default=200.0, help="requests per second (Poisson)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per round")
     parser.add_argument("--tokens", type=int, default=16, help="streamed chunks per request")
-    parser.add_argument("--rounds", type=int, default=2, help="direct/gateway round pairs")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds; each path runs once per round")
+    parser.add_argument("--baseline-root", type=Path, help="also run the gateway of this checkout, as 'baseline'")
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
         serve_upstream(args.tokens)
         return
     upstream = _spawn([sys.executable, __file__, "--serve-upstream", "--tokens", str(args.tokens)])
-    gateway = None
+    gateways: dict[str, subprocess.Popen[str]] = {}
     try:
         upstream_url = f"http://127.0.0.1:{_listening_port(upstream.pid)}"
-        gateway = _spawn([sys.executable, "-m", "console", "gateway", "--upstream", upstream_url, "--port", "0"])
-        assert gateway.stderr is not None
-        line = gateway.stderr.readline()
-        match = re.search(r"serving on (http://\S+)", line)
-        if not match:
-            raise RuntimeError(f"the gateway did not start: {line.strip()}")
-        gateway_url = match.group(1)
-        samples: dict[str, list[np.ndarray]] = {"direct": [], "gateway": []}
-        gateway_cpu_s = 0.0
+        urls = {"direct": upstream_url}
+        roots = {"gateway": ROOT} | ({"baseline": args.baseline_root.resolve()} if args.baseline_root else {})
+        for name, root in roots.items():
+            gateways[name], urls[name] = _start_gateway(root, upstream_url)
+        gc.collect()
+        gc.freeze()
+        names = list(urls)
+        samples: dict[str, list[np.ndarray]] = {name: [] for name in names}
+        cpu = dict.fromkeys(gateways, 0.0)
+        loads: list[float] = []
         for round_index in range(args.rounds):
-            for name, url in (("direct", upstream_url), ("gateway", gateway_url)):
-                cpu_before = _cpu_s(gateway.pid)
-                samples[name].append(asyncio.run(_load(url, args.rate, args.duration, args.tokens, round_index)))
-                if name == "gateway":
-                    gateway_cpu_s += _cpu_s(gateway.pid) - cpu_before
-        rows = {name: np.concatenate(parts) for name, parts in samples.items()}
-        print(
-            f"rate {args.rate:g} req/s Poisson, {args.duration:g} s x {args.rounds} rounds per path, "
-            f"{args.tokens} streamed chunks per request, {os.cpu_count()} CPUs, load average "
-            + " ".join(f"{v:.1f}" for v in os.getloadavg())
-        )
-        print(
-            f"{'path':<9} {'requests':>8} {'TTFT p50 ms':>12} {'TTFT p99 ms':>12} {'e2e p50 ms':>11} {'e2e p99 ms':>11}"
-        )
-        figures: dict[str, tuple[float, ...]] = {}
-        for name, data in rows.items():
-            t50, t99 = percentiles(data[:, 0], (50.0, 99.0))
-            e50, e99 = percentiles(data[:, 1], (50.0, 99.0))
-            figures[name] = (t50 * 1e3, t99 * 1e3, e50 * 1e3, e99 * 1e3)
-            print(f"{name:<9} {len(data):>8} " + " ".join(f"{v:>11.3f}" for v in figures[name]))
-        added = [g - d for g, d in zip(figures["gateway"], figures["direct"], strict=True)]
-        print(f"{'added':<9} {'':>8} " + " ".join(f"{v:>11.3f}" for v in added))
-        served = len(rows["gateway"]) + 20 * args.rounds  # the warm-up requests went through it too
-        print(f"gateway CPU per request: {gateway_cpu_s / served * 1e3:.3f} ms (its process, user + system)")
-        # Each round on its own: on a shared machine one stall of another process shows up in one round's p99.
-        for round_index in range(args.rounds):
-            parts = []
-            for name in ("direct", "gateway"):
-                e50, e99 = percentiles(samples[name][round_index][:, 1], (50.0, 99.0))
-                parts.append(f"{name} e2e p50 {e50 * 1e3:.3f} p99 {e99 * 1e3:.3f} ms")
-            print(f"round {round_index + 1}: " + ", ".join(parts))
+            shift = round_index % len(names)
+            for name in names[shift:] + names[:shift]:
+                before = _cpu_s(gateways[name].pid) if name in gateways else 0.0
+                load = _load(urls[name], args.rate, args.duration, args.tokens, round_index)
+                samples[name].append(asyncio.run(load))
+                if name in gateways:
+                    cpu[name] += _cpu_s(gateways[name].pid) - before
+            loads.append(os.getloadavg()[0])
+        _report(args, samples, cpu, loads)
     finally:
-        if gateway is not None:
+        for gateway in gateways.values():
             _stop(gateway)
         _stop(upstream)
 

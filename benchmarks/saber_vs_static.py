@@ -21,11 +21,13 @@ completed request's e2e/SLA pooled over all rates. The attainment gain is also a
 (the paper's +10.2 / +1.2 / +4.3 points for W1-W3, sec. VI-C). Three diagnostics of why SABER wins or
 loses: the mean number of requests decoding while the arrivals last (static conc, SABER conc), the share
 of SABER's refusals of a window request that its own speed would have passed but a running request's
-recorded speed did not (line 10's second check: "by running"), and the share of each task SABER demoted.
+recorded speed did not (line 10's second check: "by running"), the share of each task SABER demoted, and
+the pin: the time-weighted highest speed recorded among running requests over f(1), and the share of the
+time each task held it ("pin/f(1), held by", tasks in the demoted column's order).
 
     python benchmarks/saber_vs_static.py [--workloads saber-w1,saber-w2,saber-w3] [--rates 1,2,...]
         [--requests 100] [--seeds 3] [--set key=value ...]   (--set: a saber: setting, e.g. track_progress=true)
-        [--per-seq-s S] [--base-s B] [--derive-slas] [--fit-engine]
+        [--per-seq-s S] [--base-s B] [--derive-slas] [--fit-engine] [--length-sigma S]
     (sensitivity: a hypothetical engine with S s per running sequence per step and a fixed step time B; SLAs
     set as the paper sets them; --fit-engine: pick S and B on a fixed grid by the paper's static anchors
     alone, see ANCHORS)
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import statistics
 import sys
@@ -107,6 +110,30 @@ async def measure(
     return results
 
 
+def pinning(result: RunResult, fastest_tps: float) -> tuple[float, dict[str, float]]:
+    """While the arrivals last: the time-weighted mean of the highest speed recorded at admission among the
+    running high-tier requests (while there are any), over f(1), and the share of the time each task held
+    it. The recorded speed is rebuilt from the records: max tokens / (deadline - admission time), as SABER
+    recorded it."""
+    measured = [r for r in result.records if not r.warmup]
+    start, stop = min(r.arrival_s for r in measured), max(r.arrival_s for r in measured)
+    running = [
+        (r.dispatched_s, r.end_s, r.max_tokens / (r.arrival_s + r.slo.e2e_s - r.dispatched_s), r.task)
+        for r in measured
+        if r.tier == "high" and r.dispatched_s is not None and r.end_s is not None and r.slo.e2e_s is not None
+    ]
+    times = sorted({start, stop, *(t for a, b, _, _ in running for t in (a, b) if start < t < stop)})
+    weighted, held = 0.0, dict[str, float]()
+    for left, right in itertools.pairwise(times):
+        holders = [(speed, task) for a, b, speed, task in running if a <= left < b]
+        if holders:
+            speed, task = max(holders)
+            weighted += speed / fastest_tps * (right - left)
+            held[task] = held.get(task, 0.0) + right - left
+    span, holding = stop - start, sum(held.values())
+    return (weighted / holding if holding else 0.0), {task: t / span for task, t in held.items()}
+
+
 def demoted_share(results: list[RunResult], tasks: list[str]) -> str:
     """Per task, the share of measured requests SABER served from its low tier (demoted), in task order."""
     shares = []
@@ -136,6 +163,23 @@ def with_engine(profile: Profile, per_seq_s: float = 0.0, base_s: float | None =
     return profile.model_copy(update={"engine": profile.engine.model_copy(update={"calibration": changed})})
 
 
+def with_length_sigma(profile: Profile, sigma: float) -> Profile:
+    """Every task's prompt and output lengths with lognormal spread `sigma` (the profiles' 0.5 is our
+    assumption: the paper gives only means). A sensitivity check of the paper's statement that below 4 RPS
+    both methods meet nearly every SLA (sec. VI-C), which the shipped spread does not allow: a request whose
+    length needs more than f(1) misses on an idle engine."""
+    tasks = [
+        t.model_copy(
+            update={
+                "prompt_tokens": t.prompt_tokens.model_copy(update={"sigma": sigma}),
+                "output_tokens": t.output_tokens.model_copy(update={"sigma": sigma}),
+            }
+        )
+        for t in profile.workload.tasks
+    ]
+    return profile.model_copy(update={"workload": profile.workload.model_copy(update={"tasks": tasks})})
+
+
 async def with_derived_slas(profile: Profile) -> Profile:
     """Each task's SLA set as the paper sets it (sec. III-B): the mean completion time of that task when 100
     requests of the balanced mix arrive at 10 RPS (Poisson), here with fcfs at max_num_seqs 100."""
@@ -161,8 +205,11 @@ async def sweep_workload(
     per_seq_s: float = 0.0,
     derive_slas: bool = False,
     base_s: float | None = None,
+    length_sigma: float | None = None,
 ) -> None:
     base = load_profile(name)
+    if length_sigma is not None:
+        base = with_length_sigma(base, length_sigma)
     if per_seq_s or base_s is not None:
         base = with_engine(base, per_seq_s, base_s)
     if derive_slas:
@@ -194,7 +241,7 @@ async def sweep_workload(
         f"{'RPS':>5} {'best cap':>8} {'static att':>10} {'SABER att':>9} {'diff':>6} "
         f"{'static r/s':>10} {'SABER r/s':>9} {'static e2e/SLA':>14} {'SABER e2e/SLA':>13} "
         f"{'static CV':>9} {'SABER CV':>8} {'static conc':>11} {'SABER conc':>10} {'by running':>12} "
-        f"{'demoted ' + '/'.join(t.split('-')[-1][:5] for t in tasks):>22}"
+        f"{'demoted ' + '/'.join(t.split('-')[-1][:5] for t in tasks):>22} {'pin/f(1), held by':>25}"
     )
     for rate in rates:
         profile = at_rate(base, rate, requests, saber)
@@ -203,6 +250,12 @@ async def sweep_workload(
         best = static[best_cap]
         described: list[dict[str, Any]] = []
         ours = await measure(with_cap(profile, hardware_cap), "saber", seeds, described)
+        pins = [pinning(r, d["fastest_tps"]) for r, d in zip(ours, described, strict=True)]
+        pin_holders: dict[str, float] = {}
+        for _, held in pins:
+            for task, share in held.items():
+                pin_holders[task] = pin_holders.get(task, 0.0) + share / len(pins)
+        pin = f"{statistics.fmean(p for p, _ in pins):.2f} " + "/".join(f"{pin_holders.get(t, 0):.2f}" for t in tasks)
         refused_running = sum(d["refused_running"] for d in described)
         refusals = refused_running + sum(d["refused_own"] for d in described)
         s_att, o_att = mean(best, "slo_attainment"), mean(ours, "slo_attainment")
@@ -219,7 +272,7 @@ async def sweep_workload(
             f"{cv(static_ratios):9.3f} {cv(saber_ratios):8.3f} "
             f"{statistics.fmean(decoding_concurrency(r) for r in best):11.1f} "
             f"{statistics.fmean(decoding_concurrency(r) for r in ours):10.1f} "
-            f"{refused_running / max(1, refusals):12.2f} {demoted_share(ours, tasks):>22}{heavy}",
+            f"{refused_running / max(1, refusals):12.2f} {demoted_share(ours, tasks):>22} {pin:>25}{heavy}",
             flush=True,
         )
     static_means = np.array([r.mean() for r in pooled_static])
@@ -302,6 +355,9 @@ def main() -> int:
         "--fit-engine", action="store_true", help="only fit --base-s/--per-seq-s to the paper's static anchors"
     )
     parser.add_argument(
+        "--length-sigma", type=float, default=None, help="sensitivity: lognormal spread of every task's lengths"
+    )
+    parser.add_argument(
         "--derive-slas", action="store_true", help="set each task's SLA as the paper does (mean e2e at 10 RPS)"
     )
     args = parser.parse_args()
@@ -315,7 +371,17 @@ def main() -> int:
     print(f"SABER vs best static max_num_seqs (simulator); heavy load = {HEAVY_RPS:g} RPS; saber settings {saber}")
     for name in args.workloads.split(","):
         asyncio.run(
-            sweep_workload(name, rates, args.requests, args.seeds, saber, args.per_seq_s, args.derive_slas, args.base_s)
+            sweep_workload(
+                name,
+                rates,
+                args.requests,
+                args.seeds,
+                saber,
+                args.per_seq_s,
+                args.derive_slas,
+                args.base_s,
+                args.length_sigma,
+            )
         )
     print(f"\n{time.perf_counter() - start:.0f} s wall")
     return 0

@@ -417,3 +417,50 @@ def test_the_byte_scan_of_stream_events_agrees_with_parsing_them() -> None:
     broken = SSETokenCounter()
     broken.feed(b'data: {"choices":[{"text":"a"}]}\n\ndata: {"error": {"message": "engine died"}}\n\n')
     assert broken.tokens == 1 and broken.error is not None and "engine died" in broken.error
+
+
+class _InOrderCounter(SSETokenCounter):
+    """The counter reading every event in order (what `feed` does for a read holding an "error" key)."""
+
+    def _feed_from_the_end(self, data: bytes, cut: int) -> bool:
+        return False
+
+
+def _counter_state(counter: SSETokenCounter) -> tuple[Any, ...]:
+    return (counter.tokens, counter.finished, counter.done, counter.error, counter.at_event_boundary)
+
+
+def test_reading_a_read_from_its_last_event_back_agrees_with_reading_every_event_in_order() -> None:
+    import random
+
+    rng = random.Random(13)
+    payloads = [json.dumps(e, separators=(",", ":")).encode() for e in _events()]
+    extra_lines = [b": keep-alive comment", b"event: message", b"data:", b'data: "a string"', b"data: [1, 2]"]
+    compared = 0
+    for trial in range(400):
+        lines = [b"data: " + rng.choice(payloads) for _ in range(rng.randint(1, 12))]
+        if trial % 3 == 0:  # now and then a line that is not a JSON-object event, anywhere
+            lines.insert(rng.randint(0, len(lines)), rng.choice(extra_lines))
+        if trial % 2 == 0:
+            lines.append(b"data: [DONE]")
+        if trial % 5 == 0:  # events after [DONE], and CRLF line ends
+            lines.append(b"data: " + rng.choice(payloads))
+        end = b"\r\n\r\n" if trial % 7 == 0 else b"\n\n"
+        stream = b"".join(line + end for line in lines)
+        fast, in_order = SSETokenCounter(), _InOrderCounter()
+        cuts = sorted(rng.sample(range(1, len(stream)), k=min(3, len(stream) - 1)))
+        for start, stop in zip([0, *cuts], [*cuts, len(stream)], strict=True):
+            fast.feed(stream[start:stop])
+            in_order.feed(stream[start:stop])
+            assert _counter_state(fast) == _counter_state(in_order), stream
+            compared += 1
+    assert compared > 1000
+    # A typical read that got ahead: many vLLM-shaped events with usage, a finish_reason, [DONE].
+    burst = b"".join(
+        b'data: {"choices":[{"text":" t","finish_reason":%s}],"usage":{"completion_tokens":%d}}\n\n'
+        % (b'"length"' if i == 15 else b"null", i + 1)
+        for i in range(16)
+    )
+    counter = SSETokenCounter()
+    counter.feed(burst + b"data: [DONE]\n\n")
+    assert (counter.tokens, counter.finished, counter.done) == (16, True, True)

@@ -200,11 +200,50 @@ class SSETokenCounter:
     def feed(self, data: bytes) -> None:
         if self._partial:
             data = self._partial + data
-        lines = data.split(b"\n")
-        self._partial = lines.pop()
-        for line in lines:
-            if line.startswith(b"data:"):
-                self._event(line[5:].strip())
+        cut = data.rfind(b"\n") + 1  # everything before `cut` is complete lines
+        self._partial = data[cut:]
+        if cut and (data.find(_ERROR_KEY, 0, cut) >= 0 or not self._feed_from_the_end(data, cut)):
+            for line in data[:cut].split(b"\n"):
+                if line.startswith(b"data:"):
+                    self._event(line[5:].strip())
+
+    def _feed_from_the_end(self, data: bytes, cut: int) -> bool:
+        """Read the complete lines `data[:cut]` (no "error" key among them) from the last event backwards,
+        stopping as soon as the earlier events cannot change the answer: a usage count supersedes every
+        count before it, and `finished` and `done` only ever become true. When several events arrive in
+        one read (a stream that got ahead of the gateway) this scans one or two of them instead of all.
+        Returns False, having changed nothing, at an event that is not a JSON object (the caller then
+        reads the lines in order, as `_event` does)."""
+        usage_tokens: int | None = None
+        text_events = 0  # events with text after the last usage count
+        finished, done = self.finished, self.done
+        end = cut - 1  # the newline that ends the last complete line
+        while end >= 0:
+            start = data.rfind(b"\n", 0, end) + 1
+            line = data[start:end]
+            end = start - 1
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                finished = done = True
+                continue
+            if payload[:1] != b"{":
+                return False
+            if usage_tokens is None:
+                usage, has_text, event_finished = scan_event(payload)
+                if usage is not None:
+                    usage_tokens = usage
+                elif has_text:
+                    text_events += 1
+                finished = finished or event_finished
+            elif not finished:
+                finished = _FINISH_REASON.search(payload) is not None
+            if usage_tokens is not None and finished and (done or data.rfind(b"[DONE]", 0, end + 1) < 0):
+                break  # nothing earlier can change the count, finished or done
+        self.tokens = (self.tokens if usage_tokens is None else usage_tokens) + text_events
+        self.finished, self.done = finished, done
+        return True
 
     def _event(self, payload: bytes) -> None:
         if payload == b"[DONE]":
