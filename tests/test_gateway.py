@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -24,10 +25,11 @@ from core.control.gateway_protocol import (
     parse_event,
     read_request_meta,
     scan_event,
+    sent_before_s,
     slo_fields,
 )
 from core.control.gateway_upstream import probe_upstreams
-from core.control.policy import Policy
+from core.control.policy import ControlledRequest, Policy, ReplicaView, Verdict
 from core.profile import ProfileError, load_profile
 from core.records import RequestSLO, RequestSpec
 from tests.fakeserver import FakeOpenAIServer, StreamReply
@@ -311,6 +313,37 @@ def test_request_meta_from_headers_body_and_profile() -> None:
     spec = RequestSpec(7, 10, 20, task="chat", slo=RequestSLO(e2e_s=2.0))
     assert slo_fields(spec) == {"slo": {"task": "chat", "request_id": 7, "e2e_s": 2.0}}
     assert read_request_meta({}, {"prompt": "x", **slo_fields(spec)}, None).client_request_id == "7"
+
+
+def test_the_slo_counts_from_the_clients_send_when_it_says_when() -> None:
+    meta = read_request_meta({"x-slo-sent-at": "1000.25", "x-slo-e2e-s": "2.0"}, {"prompt": "x"}, None)
+    assert meta.sent_unix_s == 1000.25
+    assert sent_before_s(meta, now_unix_s=1000.75) == pytest.approx(0.5)
+    assert sent_before_s(meta, now_unix_s=999.0) == 0.0  # a client clock ahead of ours adds no time
+    assert sent_before_s(meta, now_unix_s=1100.0) == 2.0  # nor can a skewed one hold more than its SLO against it
+    assert sent_before_s(read_request_meta({}, {"prompt": "x"}, None), now_unix_s=5.0) == 0.0  # not given: 0
+    with pytest.raises(BadGatewayRequest, match="x-slo-sent-at"):
+        read_request_meta({"x-slo-sent-at": "yesterday"}, {}, None)
+
+    class Recording(Policy):
+        def __init__(self) -> None:
+            self.seen: list[tuple[float, float]] = []
+
+        def on_arrival(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> Verdict:
+            self.seen.append((req.arrival_s, now))
+            return super().on_arrival(req, now, replicas)
+
+    async def scenario() -> None:
+        policy = Recording()
+        async with FakeOpenAIServer(StreamReply()) as fake, Gateway([fake.base_url], policy) as gateway:
+            async with aiohttp.ClientSession() as session:
+                headers = {"x-slo-sent-at": f"{time.time() - 0.5:.6f}", "x-slo-e2e-s": "3"}
+                status, _ = await post(session, gateway.base_url, completion(), headers=headers)
+            assert status == 200
+        ((arrival, now),) = policy.seen
+        assert now - arrival >= 0.5  # the deadline counts from half a second before the gateway saw it
+
+    asyncio.run(scenario())
 
 
 def test_sse_counter_uses_usage_when_given_and_text_otherwise() -> None:

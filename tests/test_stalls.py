@@ -47,6 +47,10 @@ def test_a_pause_of_every_stream_at_once_is_one_stall_and_think_time_is_none() -
     assert sample.durations_s[0] == pytest.approx(0.2 - step + step / 2, abs=0.002)
     # Observed: the two streams' span (0.399 s) plus the third's (0.038 s), not the second of think time.
     assert sample.observed_s == pytest.approx(0.399 + 19 * step, abs=0.003)
+    # Request 1 spans the stall; request 3 came after it.
+    assert sample.stalled_within(0.0, 0.4) == pytest.approx(sample.durations_s[0])
+    assert sample.stalled_within(1.5, 1.6) == 0.0
+    assert sample.stalled_within(0.2, 0.25) == pytest.approx(0.05)
 
 
 def test_fit_needs_enough_stalls_and_gives_rate_per_observed_second() -> None:
@@ -96,7 +100,7 @@ def test_stalls_lift_the_tail_far_more_than_the_median() -> None:
 
 def test_a_sweep_of_a_stalling_simulator_recovers_its_stalls(tmp_path: Path) -> None:
     """The calibration job against the simulator with known stalls: rate and mean duration come back."""
-    truth = StallModel(rate_per_s=0.5, mean_s=0.1, cv=0.5)
+    truth = StallModel(rate_per_s=3.0, mean_s=0.05, cv=0.5)
     profile = load_profile("profiles/vllm-cpu-tiny.yaml")
     result = asyncio.run(
         run_calibrate(
@@ -107,6 +111,11 @@ def test_a_sweep_of_a_stalling_simulator_recovers_its_stalls(tmp_path: Path) -> 
     fitted = result.calibration.stalls
     assert fitted.rate_per_s == pytest.approx(truth.rate_per_s, rel=0.5)
     assert fitted.mean_s == pytest.approx(truth.mean_s, rel=0.3)
+    # Taken out of each request's latency, the stalls leave the engine's own step for the fit.
+    true_step = engine(None).terms[0]
+    step = result.calibration.terms[0]
+    for name in ("base_s", "per_seq_s"):
+        assert getattr(step, name) == pytest.approx(getattr(true_step, name), rel=0.25), name
     # Without stalls in the engine, the calibration has none either.
     calm = asyncio.run(
         run_calibrate(

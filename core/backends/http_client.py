@@ -26,6 +26,7 @@ import aiohttp
 import numpy as np
 
 from core.backends.prompts import PromptBuilder, load_token_counter
+from core.control.gateway_protocol import HEADER_SENT_AT
 from core.control.gateway_protocol import slo_fields as gateway_slo_fields
 from core.records import RequestRecord, RequestSpec, Status
 
@@ -204,9 +205,12 @@ class StreamingClient:
         stream = _StreamState(self.continuous_usage)
         record.sent_s = time.perf_counter() - run_start
         record.arrival_s = record.sent_s if ready_s is None else ready_s
+        headers = _JSON_HEADERS
+        if self.slo_fields:  # the gateway counts the SLO from when the latency clock started here
+            headers = {**headers, HEADER_SENT_AT: f"{time.time() - (record.sent_s - record.arrival_s):.6f}"}
         try:
             async with asyncio.timeout(self.request_timeout_s):
-                await self._stream(body, run_start, stream)
+                await self._stream(body, run_start, stream, headers)
             record.status = Status.OK
         except _StreamFailure as failure:
             record.status = failure.status
@@ -234,8 +238,10 @@ class StreamingClient:
             stream.fill(record, time.perf_counter() - run_start)
         return record
 
-    async def _stream(self, body: bytes, run_start: float, stream: _StreamState) -> None:
-        async with self.http.post(self.url, data=body, headers=_JSON_HEADERS) as response:
+    async def _stream(
+        self, body: bytes, run_start: float, stream: _StreamState, headers: dict[str, str] = _JSON_HEADERS
+    ) -> None:
+        async with self.http.post(self.url, data=body, headers=headers) as response:
             if response.status >= 400:
                 raw = await response.read()
                 text = raw.decode("utf-8", errors="replace")

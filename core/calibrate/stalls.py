@@ -39,6 +39,12 @@ class StallSample:
     observed_s: float = 0.0  # time some request was mid-stream
     typical_step_s: float | None = None
     durations_s: list[float] = field(default_factory=list)
+    # (start, end) of each stall on the run's clock: the part of its gap beyond one typical step.
+    intervals: list[tuple[float, float]] = field(default_factory=list)
+
+    def stalled_within(self, start_s: float, end_s: float) -> float:
+        """Stall time inside [start_s, end_s]: how much of a request's latency the machine's stalls took."""
+        return sum(max(0.0, min(end, end_s) - max(start, start_s)) for start, end in self.intervals)
 
 
 def observe_stalls(records: list[RequestRecord], factor: float = STALL_FACTOR) -> StallSample:
@@ -65,8 +71,9 @@ def observe_stalls(records: list[RequestRecord], factor: float = STALL_FACTOR) -
     index = np.searchsorted(starts[order], left, side="right") - 1
     spanned = (index >= 0) & (latest_end_by_start[np.maximum(index, 0)] >= right)
     observed = gaps[spanned]
-    stalls = observed[observed > factor * typical] - typical
-    return StallSample(float(observed.sum()), typical, [float(s) for s in stalls])
+    stalled = spanned & (gaps > factor * typical)
+    intervals = [(float(start) + typical, float(end)) for start, end in zip(left[stalled], right[stalled], strict=True)]
+    return StallSample(float(observed.sum()), typical, [end - start for start, end in intervals], intervals)
 
 
 def fit_stalls(samples: list[StallSample], min_stalls: int = MIN_STALLS) -> StallModel | None:

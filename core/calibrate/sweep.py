@@ -186,12 +186,19 @@ async def _measure_point(
 
 
 def _median_repeat(results: list[PointResult]) -> PointResult:
-    """The repeat whose median client e2e is the median of the repeats' (the lower middle one of an even
-    count); it keeps its own records, counters and observations, so everything about it stays consistent."""
+    """The repeat whose median client e2e, stalls taken out, is the median of the repeats' (the lower middle
+    one of an even count); it keeps its own records, counters and observations, so everything about it stays
+    consistent."""
     timed = [r for r in results if r.e2e_p50_s is not None]
     if not timed:
         return results[-1]
-    timed.sort(key=lambda r: r.e2e_p50_s or 0.0)
+
+    observed = [r for r in timed if r.e2e_observation is not None]
+    if observed:
+        timed = observed
+        timed.sort(key=lambda r: r.e2e_observation.step_s if r.e2e_observation is not None else 0.0)
+    else:
+        timed.sort(key=lambda r: r.e2e_p50_s or 0.0)
     chosen = timed[(len(timed) - 1) // 2]
     chosen.repeat_e2e_p50_s = [r.e2e_p50_s for r in results if r.e2e_p50_s is not None]
     return chosen

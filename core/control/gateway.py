@@ -37,6 +37,7 @@ from core.control.gateway_protocol import (
     completion_tokens,
     error_body,
     read_request_meta,
+    sent_before_s,
 )
 from core.control.gateway_upstream import UpstreamClient, request_headers, response_headers
 from core.control.policy import ControlledRequest, Policy
@@ -164,7 +165,8 @@ class Gateway(AdmissionController):
         except (ValueError, BadGatewayRequest) as exc:
             self.stats.failed += 1
             return web.json_response(error_body(ERROR_INVALID, f"cannot read the request: {exc}", 400), status=400)
-        now = self.now()
+        # Its SLO counts from when the client sent it, where the client says (x-slo-sent-at).
+        now = self.now() - sent_before_s(meta, time.time())
         spec = RequestSpec(self._next_id, meta.prompt_tokens, meta.max_tokens, arrival_s=now, task=meta.task)
         spec.slo = meta.slo
         self._next_id += 1

@@ -132,8 +132,10 @@ class AdmissionController:
     async def admit(self, request: ControlledRequest, client_id: str | None) -> tuple[str, str | None]:
         """Ask the policy about a request that just arrived; wait while it is held. Returns ("release", None)
         once it is dispatched to `request.replica` (the caller forwards it, then calls `finish()`), or
-        ("rejected", reason) / ("deferred", reason) / ("failed", reason), already counted and finished."""
-        now = request.arrival_s
+        ("rejected", reason) / ("deferred", reason) / ("failed", reason), already counted and finished.
+        `request.arrival_s` may lie before now (the client's send time, when it said): its deadline counts
+        from there."""
+        now = max(request.arrival_s, self.now())
         verdict = self.policy.on_arrival(request, now, self.upstreams)
         if verdict.action == "reject":
             reason = verdict.reason or REJECTED_BY_MODE

@@ -3,7 +3,8 @@
 A request tells the gateway its task and SLO in either of two ways (both optional; the gateway removes them
 before forwarding, so the upstream server never sees them):
 - headers: `x-task: NAME`, `x-slo-e2e-s: SECONDS`, `x-slo-ttft-s: SECONDS`, `x-slo-tpot-s: SECONDS`,
-  `x-request-id: ID` (the caller's own id, echoed in the gateway's events);
+  `x-request-id: ID` (the caller's own id, echoed in the gateway's events), `x-slo-sent-at: UNIX_SECONDS`
+  (when the client sent it: its SLO counts from there, see `sent_before_s`);
 - a JSON field in the body: `"slo": {"task": NAME, "e2e_s": S, "ttft_s": S, "tpot_s": S, "request_id": ID}`.
 Header values win over body fields. What neither gives comes from the profile: the task's SLO, else the
 profile's SLO. The number of output tokens the policy plans for is the body's `max_tokens` (or
@@ -31,8 +32,9 @@ from core.records import RequestSLO, RequestSpec
 SLO_BODY_FIELD = "slo"
 HEADER_TASK = "x-task"
 HEADER_REQUEST_ID = "x-request-id"
+HEADER_SENT_AT = "x-slo-sent-at"
 SLO_HEADERS = {"e2e_s": "x-slo-e2e-s", "ttft_s": "x-slo-ttft-s", "tpot_s": "x-slo-tpot-s"}
-GATEWAY_HEADERS = frozenset({HEADER_TASK, HEADER_REQUEST_ID, *SLO_HEADERS.values()})
+GATEWAY_HEADERS = frozenset({HEADER_TASK, HEADER_REQUEST_ID, HEADER_SENT_AT, *SLO_HEADERS.values()})
 
 # max_tokens the policy plans for when a request does not say (the OpenAI completions API's default is 16;
 # chat has no fixed default). A request that sets max_tokens gets exactly that.
@@ -60,6 +62,21 @@ class RequestMeta:
     prompt_tokens: int
     stream: bool
     client_request_id: str | None
+    sent_unix_s: float | None = None  # the client's `x-slo-sent-at`, when it gave one
+
+
+def sent_before_s(meta: RequestMeta, now_unix_s: float) -> float:
+    """How long before it reached the gateway the client sent this request (its `x-slo-sent-at`): the request's
+    deadline counts from the client's send, as the user's clock does (SABER's deadline is the user's, paper 001
+    sec. IV-C step 1), not from the moment the gateway got to read it. On a busy machine that gap was 0.5-1 s
+    at the median (client and gateway sharing starved cores, 2026-11-24), most of a 2 s SLO. The client's clock
+    must agree with the gateway's (one machine, or synchronised clocks): the gap is kept within 0 and the
+    request's e2e SLO, so a skewed clock can neither add time nor make more than this request look late."""
+    if meta.sent_unix_s is None:
+        return 0.0
+    gap = now_unix_s - meta.sent_unix_s
+    bound = meta.slo.e2e_s if meta.slo.e2e_s is not None else 0.0
+    return min(max(0.0, gap), bound)
 
 
 def error_body(kind: str, message: str, code: int) -> dict[str, Any]:
@@ -133,6 +150,7 @@ def read_request_meta(headers: Mapping[str, str], body: dict[str, Any], profile:
     elif not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise BadGatewayRequest(f"max_tokens must be a positive integer (got {max_tokens!r})")
     client_id = headers.get(HEADER_REQUEST_ID) or fields.get("request_id")
+    sent_at = headers.get(HEADER_SENT_AT)
     return RequestMeta(
         task=task,
         slo=RequestSLO(**values),
@@ -140,6 +158,7 @@ def read_request_meta(headers: Mapping[str, str], body: dict[str, Any], profile:
         prompt_tokens=_prompt_tokens(body),
         stream=bool(body.get("stream", False)),
         client_request_id=None if client_id is None else str(client_id),
+        sent_unix_s=None if sent_at is None else _seconds(sent_at, f"header {HEADER_SENT_AT}"),
     )
 
 

@@ -44,6 +44,7 @@ def _saber(ctx: ModeContext) -> Policy:
         track_progress=spec.track_progress,
         feasibility=spec.feasibility,
         drift_correction=spec.drift_correction,
+        drift_quantile=spec.drift_quantile,
         protect_running=spec.protect_running,
         send_priority=ctx.profile.knobs.scheduling_policy == "priority",
         max_load=max(spec.profile_loads),

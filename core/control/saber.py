@@ -20,7 +20,8 @@ which both conditions hold. Two more departures are options, off by default (the
 the README): `track_progress` (protect what a running request still needs, not the speed recorded at its
 admission) and `feasibility="offered-load"` (demote above the speed the current load allows, not above f(1)).
 A third, `drift_correction`, is for live engines: it scales f(L) in the admission checks by how fast
-admitted requests actually ran against what f(L) predicted for them (core/control/speed_drift.py).
+admitted requests actually ran against what f(L) predicted for them (core/control/speed_drift.py); with
+`drift_quantile` the scale is a low quantile of those ratios instead of their mean.
 `protect_running: false` is an ablation, not a mode: it drops the second condition of line 10 (the speed
 recorded for every running request), so the benchmark can measure what that condition costs or gains.
 """
@@ -78,6 +79,7 @@ class SaberPolicy(Policy):
         demand_window_s: float = 10.0,
         fit_r2: dict[str, float] | None = None,
         drift_correction: bool = False,
+        drift_quantile: float | None = None,
         send_priority: bool = False,
         protect_running: bool = True,
         seed: int = 0,
@@ -85,7 +87,8 @@ class SaberPolicy(Policy):
         if window_size < 1:
             raise ValueError(f"window_size must be at least 1 (got {window_size})")
         self.model = speed_model
-        self.drift = SpeedDrift() if drift_correction else None
+        # drift_quantile (live only): the correction is a low quantile of recent ratios, not their mean.
+        self.drift = SpeedDrift(quantile=drift_quantile) if drift_correction else None
         self.send_priority = send_priority
         self.fit_r2 = dict(fit_r2 or {speed_model.kind: speed_model.r2})  # R² of every model fitted (sec. VII)
         if feasibility not in ("fastest", "offered-load"):

@@ -141,6 +141,10 @@ class SaberSpec(Strict):
     # Scale f(L) in the admission checks by observed / predicted speed of recent admitted requests (ours,
     # beyond the paper; see core/control/speed_drift.py): for live servers whose speed drifts from the profile.
     drift_correction: bool = False
+    # With drift_correction: scale by this quantile of the last 30 ratios instead of their mean (None), so a
+    # request admitted at the edge of its SLA gets the speed it needs with probability about 1 - q on an
+    # engine whose speed is noisy from request to request (see core/control/speed_drift.py).
+    drift_quantile: Annotated[float, Field(gt=0, lt=1)] | None = None
     # Ablation (not the paper): false drops Algorithm 1's second check (line 10: f(L+1) must still meet the
     # speed recorded for every running request), so a benchmark can measure what that check costs.
     protect_running: bool = True
