@@ -45,12 +45,28 @@ def test_a_pause_of_every_stream_at_once_is_one_stall_and_think_time_is_none() -
     assert sample.typical_step_s == pytest.approx(step)
     assert len(sample.durations_s) == 1
     assert sample.durations_s[0] == pytest.approx(0.2 - step + step / 2, abs=0.002)
-    # Observed: the two streams' span (0.399 s) plus the third's (0.038 s), not the second of think time.
-    assert sample.observed_s == pytest.approx(0.399 + 19 * step, abs=0.003)
+    # Observed: from the first send (10 ms before its first token) to the two streams' end (0.399 s), plus the
+    # third request's 0.048 s in flight; not the second of think time before it.
+    assert sample.observed_s == pytest.approx(0.409 + 0.01 + 19 * step, abs=0.003)
     # Request 1 spans the stall; request 3 came after it.
     assert sample.stalled_within(0.0, 0.4) == pytest.approx(sample.durations_s[0])
     assert sample.stalled_within(1.5, 1.6) == 0.0
     assert sample.stalled_within(0.2, 0.25) == pytest.approx(0.05)
+
+
+def test_whole_responses_written_at_once_after_a_silence_are_a_stall() -> None:
+    """vLLM's API process on a starved CPU sometimes writes each response whole: first token = last token."""
+    step = 0.002
+    normal = [streamed(i, [0.01 + i * 0.003 + k * step for k in range(64)]) for i in range(4)]
+    # Then four requests sent at 0.2 s that nobody hears of for 0.4 s, each arriving in one read.
+    whole = [streamed(10 + i, [0.6 + i * 0.01] * 64) for i in range(4)]
+    for record in whole:
+        record.arrival_s = record.sent_s = 0.2
+    sample = observe_stalls(normal + whole)
+    assert sample.typical_step_s == pytest.approx(step)
+    assert len(sample.durations_s) == 1
+    assert sample.durations_s[0] == pytest.approx(0.4 - step, abs=0.001)
+    assert sample.stalled_within(0.2, 0.63) == pytest.approx(0.4 - step, abs=0.001)
 
 
 def test_fit_needs_enough_stalls_and_gives_rate_per_observed_second() -> None:

@@ -6,9 +6,9 @@ hundreds of milliseconds, then everything resumes. Per-step noise that is indepe
 out over a 64-token request and cannot produce that; a stall delays every request in flight at once, and it
 is what puts such a server's p99 at several times its median.
 
-How a sweep point is read: the arrival times of all chunks of all requests are merged into one stream. A gap
-in it counts as observed time when some request was mid-stream across the whole gap (between its first and
-its last chunk), so client think time and request hand-offs are not mistaken for stalls. A gap longer than
+How a sweep point's decode runs are read: the send times and chunk arrival times of all requests are merged
+into one stream. A gap in it counts as observed time when some request was in flight across the whole gap
+(sent before it, last chunk after it), so client think time is not mistaken for a stall. A gap longer than
 `STALL_FACTOR` times the point's typical step (the median gap between a request's consecutive chunks) is a
 stall; its duration is the gap minus that typical step. Over all points and repeats of a sweep, the stall
 rate is the number of stalls per observed second, and their durations are summarised by mean and
@@ -48,24 +48,33 @@ class StallSample:
 
 
 def observe_stalls(records: list[RequestRecord], factor: float = STALL_FACTOR) -> StallSample:
-    """Stalls in one run's records (warm-up requests included: they were on the server too)."""
-    timed = [
-        np.asarray(r.chunk_times, dtype=float) for r in records if r.chunk_times is not None and len(r.chunk_times) > 1
+    """Stalls in one run's records (warm-up requests included: they were on the server too).
+
+    A request is in flight from when it was sent to its last chunk, so a wait for a first token counts too:
+    on the 2-core machine vLLM's API process now and then falls into a state where it writes whole responses
+    at once, several times slower (first token = last token; measured 2026-11-24: 2 of 7 closed-loop runs at
+    4 clients, 0.43 s instead of 0.12 s), and nothing reaches any client until it does."""
+    streams = [
+        (r.sent_s if r.sent_s is not None else r.arrival_s, np.asarray(r.chunk_times, dtype=float))
+        for r in records
+        if r.chunk_times is not None and len(r.chunk_times) > 0
     ]
-    if not timed:
+    if not streams:
         return StallSample()
-    step_gaps = np.concatenate([np.diff(t) for t in timed])
+    step_gaps = np.concatenate([np.diff(times) for _, times in streams])
     step_gaps = step_gaps[step_gaps > 0]  # chunks read together are one arrival, not a step
     if len(step_gaps) == 0:
         return StallSample()
     typical = float(np.median(step_gaps))
-    arrivals = np.sort(np.concatenate(timed))
-    starts = np.array([t[0] for t in timed])
-    ends = np.array([t[-1] for t in timed])
-    left, right = arrivals[:-1], arrivals[1:]
+    starts = np.array([sent for sent, _ in streams])
+    ends = np.array([times[-1] for _, times in streams])
+    # Sends are events too: a gap is measured from the later of the last arrival and the last send, so a
+    # request sent into a quiet moment only counts the silence after it was sent.
+    events = np.sort(np.concatenate([starts, *[times for _, times in streams]]))
+    left, right = events[:-1], events[1:]
     gaps = right - left
-    # A gap is observed when one request spans it: started at or before its left end, ended at or after its
-    # right end. Streams overlap heavily, so test against the widest span starting by each left end.
+    # A gap is observed when one request spans it: sent at or before its left end, ended at or after its
+    # right end. Requests overlap heavily, so test against the widest span starting by each left end.
     order = np.argsort(starts)
     latest_end_by_start = np.maximum.accumulate(ends[order])
     index = np.searchsorted(starts[order], left, side="right") - 1

@@ -229,7 +229,6 @@ def summarize_point(
         throughput_rps=len(ok) / span if span > 0 else None,
         client_ttfts=ttft,
         client_e2es=e2e,
-        stalls=observe_stalls(outcome.records),
     )
     if point.kind == "prefill":
         engine_prefill = counters.mean("prefill_time") if counters is not None else None
@@ -248,6 +247,9 @@ def summarize_point(
             observation = prefill_observation(point, ttft, block_size)
             result.observations = [observation] if observation is not None else []
         return result
+    # Decode points only: a prefill point's lone short requests are mostly waiting for their first token,
+    # which is the prefill the point measures, not a stall.
+    result.stalls = observe_stalls(outcome.records)
     samples = decode_step_samples(outcome.records, block_size, point.spec_width)
     result.samples = samples
     pure = ~samples.mixed & (samples.batch >= 1)
