@@ -65,8 +65,18 @@ def test_whole_responses_written_at_once_after_a_silence_are_a_stall() -> None:
     sample = observe_stalls(normal + whole)
     assert sample.typical_step_s == pytest.approx(step)
     assert len(sample.durations_s) == 1
-    assert sample.durations_s[0] == pytest.approx(0.4 - step, abs=0.001)
-    assert sample.stalled_within(0.2, 0.63) == pytest.approx(0.4 - step, abs=0.001)
+    # The engine made each response's 64 tokens in that time: the stall is the rest.
+    assert sample.durations_s[0] == pytest.approx(0.4 - 64 * step, abs=0.001)
+    assert sample.stalled_within(0.2, 0.63) == pytest.approx(0.4 - 64 * step, abs=0.001)
+
+
+def test_a_response_held_back_and_written_whole_at_full_speed_is_no_stall() -> None:
+    step = 0.002
+    normal = [streamed(i, [0.01 + i * 0.003 + k * step for k in range(64)]) for i in range(2)]
+    # Sent at 0.2 s, its 64 tokens written at once 64 steps later (+ a 7 ms first token): on time.
+    held = streamed(10, [0.2 + 0.007 + 64 * step] * 64)
+    held.arrival_s = held.sent_s = 0.2
+    assert observe_stalls([*normal, held]).durations_s == []
 
 
 def test_fit_needs_enough_stalls_and_gives_rate_per_observed_second() -> None:
@@ -116,7 +126,7 @@ def test_stalls_lift_the_tail_far_more_than_the_median() -> None:
 
 def test_a_sweep_of_a_stalling_simulator_recovers_its_stalls(tmp_path: Path) -> None:
     """The calibration job against the simulator with known stalls: rate and mean duration come back."""
-    truth = StallModel(rate_per_s=3.0, mean_s=0.05, cv=0.5)
+    truth = StallModel(rate_per_s=0.5, mean_s=0.1, cv=0.5)
     profile = load_profile("profiles/vllm-cpu-tiny.yaml")
     result = asyncio.run(
         run_calibrate(
@@ -125,7 +135,9 @@ def test_a_sweep_of_a_stalling_simulator_recovers_its_stalls(tmp_path: Path) -> 
     )
     assert result.calibration is not None and result.calibration.stalls is not None
     fitted = result.calibration.stalls
-    assert fitted.rate_per_s == pytest.approx(truth.rate_per_s, rel=0.5)
+    # Measured bias of the detection on the simulator: at 1 stall/s it finds about 0.7 of them and their mean
+    # 20-25% long (near-coincident stalls merge into one gap); the stalled share of time comes back within 10%.
+    assert fitted.rate_per_s == pytest.approx(truth.rate_per_s, rel=0.3)
     assert fitted.mean_s == pytest.approx(truth.mean_s, rel=0.3)
     # Taken out of each request's latency, the stalls leave the engine's own step for the fit.
     true_step = engine(None).terms[0]

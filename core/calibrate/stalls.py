@@ -80,9 +80,28 @@ def observe_stalls(records: list[RequestRecord], factor: float = STALL_FACTOR) -
     index = np.searchsorted(starts[order], left, side="right") - 1
     spanned = (index >= 0) & (latest_end_by_start[np.maximum(index, 0)] >= right)
     observed = gaps[spanned]
-    stalled = spanned & (gaps > factor * typical)
-    intervals = [(float(start) + typical, float(end)) for start, end in zip(left[stalled], right[stalled], strict=True)]
+    # A silence that ends with a burst is not all stall: vLLM's API process also holds tokens back and writes
+    # them together (at one client here it often sends a whole response in one write, at full speed). The
+    # engine made the burst's tokens during the silence, so the stall is what is left of the gap after one
+    # typical step per token of the largest burst one request received at its end.
+    burst = _largest_burst_at(streams)
+    excess = gaps - np.array([burst.get(float(end), 1) for end in right]) * typical
+    stalled = spanned & (gaps > factor * typical) & (excess > factor * typical)
+    intervals = [
+        (float(start), float(start) + float(extra)) for start, extra in zip(left[stalled], excess[stalled], strict=True)
+    ]
     return StallSample(float(observed.sum()), typical, [end - start for start, end in intervals], intervals)
+
+
+def _largest_burst_at(streams: list[tuple[float, np.ndarray]]) -> dict[float, int]:
+    """Arrival time -> the most chunks one request received at that instant (one read)."""
+    largest: dict[float, int] = {}
+    for _, times in streams:
+        instants, counts = np.unique(times, return_counts=True)
+        for instant, count in zip(instants.tolist(), counts.tolist(), strict=True):
+            if count > largest.get(instant, 0):
+                largest[instant] = count
+    return largest
 
 
 def fit_stalls(samples: list[StallSample], min_stalls: int = MIN_STALLS) -> StallModel | None:
