@@ -34,8 +34,8 @@ class SweepSettings:
     spec_concurrency: tuple[int, ...] = (1, 4, 8)
     spec_requests_per_client: int = 3
     point_max_s: float = 30.0  # no new sends after this long in one point (a slow server still ends)
-    # Each decode point is measured this many times and the repeat with the median client e2e is kept: a
-    # few seconds in which another process takes the shared CPU spoil one repeat, not the point.
+    # Each decode point is measured this many times and the fastest repeat (client e2e, stalls taken out) is
+    # kept: a few seconds in which another process takes the shared CPU spoil some repeats, not the point.
     decode_repeats: int = 3
 
     @classmethod
@@ -144,7 +144,7 @@ class SweepResult:
     description: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     interrupted: bool = False
-    # Every measured repeat's stalls, the repeats not kept as a point's median included: stalls are rare, and
+    # Every measured repeat's stalls, the repeats not kept for a point included: stalls are rare, and
     # all the observed time counts towards their rate.
     stall_samples: list[StallSample] = field(default_factory=list)
 
