@@ -15,22 +15,8 @@ from core.calibrate.stalls import StallSample, fit_stalls, observe_stalls
 from core.calibrate.sweep_targets import SimTarget
 from core.metrics import percentiles
 from core.profile import Calibration, KnobsSpec, PerfTerm, StallModel, load_profile
-from core.records import RequestRecord, RequestSLO, RequestSpec
-
-
-def streamed(request_id: int, times: list[float]) -> RequestRecord:
-    return RequestRecord(
-        request_id=request_id,
-        task="t",
-        slo=RequestSLO(),
-        prompt_tokens=8,
-        max_tokens=len(times),
-        scheduled_s=times[0] - 0.01,
-        arrival_s=times[0] - 0.01,
-        end_s=times[-1],
-        output_tokens=len(times),
-        chunk_times=np.array(times),
-    )
+from core.records import RequestSpec
+from tests.test_calibrate import record
 
 
 def test_a_pause_of_every_stream_at_once_is_one_stall_and_think_time_is_none() -> None:
@@ -41,7 +27,7 @@ def test_a_pause_of_every_stream_at_once_is_one_stall_and_think_time_is_none() -
     b = [0.001 + t for t in a]
     # A third request after a 1 s pause in which nothing was in flight (client think time): not observed.
     c = [1.5 + i * step for i in range(20)]
-    sample = observe_stalls([streamed(1, a), streamed(2, b), streamed(3, c)])
+    sample = observe_stalls([record(1, a), record(2, b), record(3, c)])
     assert sample.typical_step_s == pytest.approx(step)
     assert len(sample.durations_s) == 1
     assert sample.durations_s[0] == pytest.approx(0.2 - step + step / 2, abs=0.002)
@@ -57,11 +43,11 @@ def test_a_pause_of_every_stream_at_once_is_one_stall_and_think_time_is_none() -
 def test_whole_responses_written_at_once_after_a_silence_are_a_stall() -> None:
     """vLLM's API process on a starved CPU sometimes writes each response whole: first token = last token."""
     step = 0.002
-    normal = [streamed(i, [0.01 + i * 0.003 + k * step for k in range(64)]) for i in range(4)]
+    normal = [record(i, [0.01 + i * 0.003 + k * step for k in range(64)]) for i in range(4)]
     # Then four requests sent at 0.2 s that nobody hears of for 0.4 s, each arriving in one read.
-    whole = [streamed(10 + i, [0.6 + i * 0.01] * 64) for i in range(4)]
-    for record in whole:
-        record.arrival_s = record.sent_s = 0.2
+    whole = [record(10 + i, [0.6 + i * 0.01] * 64) for i in range(4)]
+    for held_back in whole:
+        held_back.arrival_s = held_back.sent_s = 0.2
     sample = observe_stalls(normal + whole)
     assert sample.typical_step_s == pytest.approx(step)
     assert len(sample.durations_s) == 1
@@ -72,9 +58,9 @@ def test_whole_responses_written_at_once_after_a_silence_are_a_stall() -> None:
 
 def test_a_response_held_back_and_written_whole_at_full_speed_is_no_stall() -> None:
     step = 0.002
-    normal = [streamed(i, [0.01 + i * 0.003 + k * step for k in range(64)]) for i in range(2)]
+    normal = [record(i, [0.01 + i * 0.003 + k * step for k in range(64)]) for i in range(2)]
     # Sent at 0.2 s, its 64 tokens written at once 64 steps later (+ a 7 ms first token): on time.
-    held = streamed(10, [0.2 + 0.007 + 64 * step] * 64)
+    held = record(10, [0.2 + 0.007 + 64 * step] * 64)
     held.arrival_s = held.sent_s = 0.2
     assert observe_stalls([*normal, held]).durations_s == []
 
