@@ -8,7 +8,9 @@ requests, same knobs. Prints a Markdown table ready for the README.
         python benchmarks/sim_vs_live.py --calibration profiles/calibrations/vllm-cpu-tiny.yaml
 
 Relative error = (sim - live) / live. Timings on a shared 2-core CPU are noisy; the table says when it ran
-and under what load (load average before and after).
+and under what load (load average before and after), and with two or more rounds it prints the live server's
+error against itself (each round scored against the median of the others, as the simulator is scored): the
+floor under which no model of this machine's measurements can be expected to go.
 """
 
 from __future__ import annotations
@@ -233,6 +235,21 @@ def mean_abs_errors(live: list[Cell], sim: list[Cell]) -> tuple[float, float]:
     return float(np.mean(p99)) if p99 else float("nan"), float(np.mean(rps)) if rps else float("nan")
 
 
+def live_repeatability(rounds: list[list[Cell]]) -> tuple[float, float] | None:
+    """The live server against itself: each round taken as the prediction of the median of the other rounds,
+    scored like the simulator (mean |error| over cells), averaged over rounds. No model of this machine can be
+    expected to beat this floor: it is how far two measurements of the same server, minutes apart, differ."""
+    if len(rounds) < 2:
+        return None
+    p99s, rpss = [], []
+    for index, cells in enumerate(rounds):
+        others = median_cells([r for i, r in enumerate(rounds) if i != index])
+        p99_error, rps_error = mean_abs_errors(others, cells)
+        p99s.append(p99_error)
+        rpss.append(rps_error)
+    return float(np.mean(p99s)), float(np.mean(rpss))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", default="profiles/vllm-cpu-tiny.yaml")
@@ -270,6 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     for cells in sims:
         p99_error, rps_error = mean_abs_errors(live, cells)
         print(f"\n{cells[0].world}: mean |error| p99 {p99_error:.0%}, throughput {rps_error:.0%}")
+    floor = live_repeatability(rounds)
+    if floor is not None:
+        print(
+            f"\nlive against itself (each round against the median of the other {len(rounds) - 1}): "
+            f"mean |error| p99 {floor[0]:.0%}, throughput {floor[1]:.0%}"
+        )
     if args.out:
         args.out.write_text(
             json.dumps(
