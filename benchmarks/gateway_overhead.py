@@ -14,6 +14,10 @@ not the median). All three processes share this machine's cores, so the figures 
 The client and the upstream freeze their start-up heap out of the garbage collector's view (both paths see
 them alike; the gateway does the same for itself, core/control/gateway_service.py).
 
+`--reference-proxy` adds a bare aiohttp relay (no policy, no counting, no parsing), run the way the gateway
+runs: the least any aiohttp front adds on this machine, so what lies between it and the gateway is the
+gateway's own work.
+
 `--baseline-root DIR` adds a third path: the gateway of another checkout (e.g. `git worktree add DIR COMMIT`),
 run the same way, in the same rotation, for before/after comparisons under the same load.
 """
@@ -74,6 +78,43 @@ def serve_upstream(tokens: int) -> None:
     gc.collect()
     gc.freeze()
     web.run_app(app, host="127.0.0.1", port=0, print=lambda _: None, handle_signals=True, access_log=None)
+
+
+def serve_reference_proxy(upstream_url: str) -> None:
+    """The least an aiohttp front can do: relay each request to the upstream and its stream back chunk by chunk,
+    nothing decided, counted or parsed. Run like the gateway (own process, uvloop when installed, start-up heap
+    frozen, pooled upstream connections), it is the floor under the gateway's added latency on this machine:
+    what remains between the two is the gateway's own work."""
+
+    async def relay(request: web.Request) -> web.StreamResponse:
+        session: aiohttp.ClientSession = request.app["session"]
+        body = await request.read()
+        headers = {"Content-Type": "application/json"}
+        async with session.post(upstream_url + request.path_qs, data=body, headers=headers) as upstream:
+            response = web.StreamResponse(status=upstream.status, headers={"Content-Type": "text/event-stream"})
+            await response.prepare(request)
+            async for chunk in upstream.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+    async def serve() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", relay)
+        app["session"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), auto_decompress=False)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        gc.collect()
+        gc.freeze()
+        await asyncio.Event().wait()  # until SIGTERM ends the process
+
+    try:
+        import uvloop  # the gateway's own loop when installed (core/control/gateway_service.py)
+    except ImportError:
+        asyncio.run(serve())
+    else:
+        uvloop.run(serve())
 
 
 def _cpu_s(pid: int) -> float:
@@ -225,10 +266,17 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=16, help="streamed chunks per request")
     parser.add_argument("--rounds", type=int, default=2, help="rounds; each path runs once per round")
     parser.add_argument("--baseline-root", type=Path, help="also run the gateway of this checkout, as 'baseline'")
+    parser.add_argument(
+        "--reference-proxy", action="store_true", help="also run a bare aiohttp relay, as 'proxy' (the floor)"
+    )
     parser.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-proxy", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_upstream:
         serve_upstream(args.tokens)
+        return
+    if args.serve_proxy:
+        serve_reference_proxy(args.serve_proxy)
         return
     upstream = _spawn([sys.executable, __file__, "--serve-upstream", "--tokens", str(args.tokens)])
     gateways: dict[str, subprocess.Popen[str]] = {}
@@ -238,6 +286,9 @@ def main() -> None:
         roots = {"gateway": ROOT} | ({"baseline": args.baseline_root.resolve()} if args.baseline_root else {})
         for name, root in roots.items():
             gateways[name], urls[name] = _start_gateway(root, upstream_url)
+        if args.reference_proxy:
+            gateways["proxy"] = _spawn([sys.executable, __file__, "--serve-proxy", upstream_url])
+            urls["proxy"] = f"http://127.0.0.1:{_listening_port(gateways['proxy'].pid)}"
         gc.collect()
         gc.freeze()
         names = list(urls)
