@@ -13,6 +13,11 @@ from core.profile import load_profile
 from core.records import RequestSLO, RequestSpec, Status
 from tests.fakeserver import FakeOpenAIServer, StreamReply
 
+# The served request's slot at the fake server. 1 s left a 0.6 s margin for the last send to reach the gateway
+# before the slot freed; the suite run beside a .ci/run (load average 20, 2026-11-24) delayed it past that (one
+# request deferred instead of rejected). 3 s leaves 2.6 s.
+SLOT_S = 3.0
+
 
 def open_specs(count: int, gap_s: float) -> list[RequestSpec]:
     return [RequestSpec(i, 8, 4, arrival_s=i * gap_s, task="chat", slo=RequestSLO(e2e_s=5.0 + i)) for i in range(count)]
@@ -20,7 +25,7 @@ def open_specs(count: int, gap_s: float) -> list[RequestSpec]:
 
 def test_records_say_rejected_deferred_or_ok_and_add_up_to_what_was_sent() -> None:
     async def scenario() -> None:
-        async with FakeOpenAIServer(StreamReply(first_delay_s=1.0), tokens_per_word=1) as fake:
+        async with FakeOpenAIServer(StreamReply(first_delay_s=SLOT_S), tokens_per_word=1) as fake:
             profile = load_profile("quickstart")
             backend = GatewayBackend(
                 UrlBackend(fake.base_url, metrics_interval_s=None),
@@ -30,10 +35,10 @@ def test_records_say_rejected_deferred_or_ok_and_add_up_to_what_was_sent() -> No
                 metrics_interval_s=None,
             )
             try:
-                # 6 requests within 0.4 s against one slot of 1 s and three queue places; the run's horizon
-                # (1.6 s) ends while two still wait: 2 served, 2 deferred, 2 rejected. (Times 4x those of the
-                # first version, which a heavily loaded machine could delay past its 0.15 s margins.)
-                plan = LoadPlan(requests=iter(open_specs(6, 0.08)), duration_s=1.6)
+                # 6 requests within 0.4 s against one slot of SLOT_S and three queue places; the run's horizon
+                # (1.6 x SLOT_S) ends while two still wait: 2 served, 2 deferred, 2 rejected. The last sends
+                # must reach the gateway before the first request's slot ends: a margin of SLOT_S - 0.4 s.
+                plan = LoadPlan(requests=iter(open_specs(6, 0.08)), duration_s=1.6 * SLOT_S)
                 outcome = await backend.run(plan)
             finally:
                 await backend.close()
@@ -44,10 +49,10 @@ def test_records_say_rejected_deferred_or_ok_and_add_up_to_what_was_sent() -> No
             assert all("run ended" in (r.error or "") for r in by_status[Status.DEFERRED])
             served = by_status[Status.OK]
             assert all(r.replica == 0 and r.tier == "high" and r.dispatched_s is not None for r in served)
-            # The second one waited for the slot at the gateway: released about 1 s after it was sent.
+            # The second one waited for the slot at the gateway: released about SLOT_S after it was sent.
             waited = max(served, key=lambda r: r.request_id)
             assert waited.dispatched_s is not None and waited.sent_s is not None
-            assert waited.dispatched_s - waited.sent_s > 0.6
+            assert waited.dispatched_s - waited.sent_s > 0.6 * SLOT_S
             assert fake.bodies[0]["max_tokens"] == 4 and "slo" not in fake.bodies[0]
             stats = outcome.notes["gateway"]
             assert (stats["received"], stats["completed"], stats["rejected"], stats["deferred"]) == (6, 2, 2, 2)

@@ -177,6 +177,38 @@ async def test_duration_stops_new_sends() -> None:
     assert max(r.arrival_s for r in closed_outcome.records) < 0.3 + 0.05
 
 
+class BlockingObserver:
+    """Blocks the client's event loop for `block_s` at the first measured send: a client behind its schedule."""
+
+    def __init__(self, block_s: float) -> None:
+        self.block_s = block_s
+
+    def on_record(self, record: RequestRecord) -> None:
+        pass
+
+    def on_engine_sample(self, sample: EngineSample) -> None:
+        pass
+
+    def on_measurement_start(self, time_s: float) -> None:
+        time.sleep(self.block_s)
+
+
+async def test_arrivals_the_client_reaches_after_the_duration_are_recorded_not_sent() -> None:
+    # 15 arrivals planned inside a 0.3 s run; the loop is blocked 0.4 s right after the first send, so the
+    # other 14 fall due after the run ended: each still gets a record, none is sent.
+    async with FakeOpenAIServer() as server:
+        outcome = await UrlBackend(server.base_url, metrics_interval_s=None).run(
+            LoadPlan(requests=iter(open_specs(50, spacing_s=0.02)), mode="open", duration_s=0.3),
+            BlockingObserver(0.4),
+        )
+        sent_to_server = len(server.bodies)
+
+    assert sorted(r.request_id for r in outcome.records) == list(range(15))
+    unsent = [r for r in outcome.records if r.status is Status.NOT_SENT]
+    assert len(unsent) == 14 == outcome.notes["not_sent"] and sent_to_server == 1
+    assert all(r.sent_s is None and "after the run's duration ended" in (r.error or "") for r in unsent)
+
+
 async def test_warmup_marking_by_count_and_by_time() -> None:
     async with FakeOpenAIServer() as server:
         by_count = await UrlBackend(server.base_url, metrics_interval_s=None).run(

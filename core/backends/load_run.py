@@ -214,6 +214,11 @@ class LoadRun:
             if duration is not None and spec.arrival_s >= duration:
                 break
             await self._sleep_unless_lost(spec.arrival_s - self.now())
+            if duration is not None and self.now() >= duration and self.server_lost is None:
+                # Planned inside the run but due only after it ended: the client fell behind its schedule (a
+                # busy machine, a blocking observer). It is part of the plan, so it gets a record.
+                self._record_not_sent(spec, self.sent, "its send time came after the run's duration ended")
+                continue
             if not self._may_send():
                 break
             dispatched = self.now()
