@@ -65,6 +65,38 @@ def test_a_response_held_back_and_written_whole_at_full_speed_is_no_stall() -> N
     assert observe_stalls([*normal, held]).durations_s == []
 
 
+def test_bursty_delivery_is_judged_against_the_engine_step_not_the_socket_gaps() -> None:
+    """A starved API process writes each response in a few reads microseconds apart. The engine's step
+    (from /metrics) is then the yardstick: a response that took its tokens' worth of engine steps is no stall,
+    whatever the gaps between its reads."""
+    engine_step = 0.0017
+    # Closed loop, 4 clients from t = 0: every response written in two reads 0.2 ms apart, 64 engine steps
+    # (plus a few ms of first token) after its send, the next send at once.
+    records = []
+    for client in range(4):
+        sent = 0.0
+        for turn in range(5):
+            done = sent + 0.004 + 0.002 * client + 64 * engine_step
+            r = record(10 * client + turn, [done] * 32 + [done + 0.0002] * 32)
+            r.arrival_s = r.sent_s = sent
+            records.append(r)
+            sent = done
+    assert observe_stalls(records).durations_s  # the socket gaps as the yardstick: nearly all of it "stalls"
+    floored = observe_stalls(records, step_floor_s=engine_step)
+    assert floored.typical_step_s == pytest.approx(engine_step)
+    assert floored.durations_s == []
+
+    # A real silence still counts: the same run with nothing heard by any client for 0.3 s from t = 0.25.
+    def paused(t: float) -> float:
+        return t + 0.3 if t > 0.25 else t
+
+    for r in records:
+        r.chunk_times = np.array([paused(t) for t in r.chunk_times])
+        r.arrival_s = r.sent_s = paused(r.sent_s)
+    held = observe_stalls(records, step_floor_s=engine_step)
+    assert len(held.durations_s) == 1 and held.durations_s[0] == pytest.approx(0.3, abs=0.12)
+
+
 def test_fit_needs_enough_stalls_and_gives_rate_per_observed_second() -> None:
     assert fit_stalls([StallSample(10.0, 0.002, [0.1, 0.2])]) is None
     model = fit_stalls([StallSample(10.0, 0.002, [0.1, 0.3]), StallSample(10.0, 0.002, [0.2])])

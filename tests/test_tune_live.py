@@ -26,7 +26,7 @@ import pytest
 
 from core.events import Event
 from core.profile import KnobsSpec, load_profile
-from core.tune.job import run_tune
+from core.tune.job import FINAL_RETAKES, run_tune
 
 ENV_VLLM_PYTHON = "SLO_CONSOLE_VLLM_PYTHON"
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
@@ -89,7 +89,8 @@ def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_pa
     slo_s = profile.slo.e2e_s
     assert slo_s is not None
     assert result.baseline is not None and result.final is not None, [e for e in events if "error" in e]
-    assert result.segments_used == len(backend.starts) == 4 <= 16
+    # 4, or 6 when the final re-measurement contradicted the search and was taken twice more (a slow spell).
+    assert result.segments_used == len(backend.starts) in (4, 4 + FINAL_RETAKES)
     # Large, repeatable effects only. On 2 shared cores the start's p99 has ranged from 0.99 s to 5.6 s between
     # runs (CI once measured it under the 1.0 s SLO) and a tuned 8 s re-measurement from ~0.6 s to 1.19 s, so
     # neither "the start violates" nor a goodput multiple is asserted here. What must hold every time: the

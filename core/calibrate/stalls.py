@@ -7,12 +7,13 @@ out over a 64-token request and cannot produce that; a stall delays every reques
 is what puts such a server's p99 at several times its median.
 
 How a sweep point's decode runs are read: the send times and chunk arrival times of all requests are merged
-into one stream. A gap in it counts as observed time when some request was in flight across the whole gap
-(sent before it, last chunk after it), so client think time is not mistaken for a stall. A gap longer than
-`STALL_FACTOR` times the point's typical step (the median gap between a request's consecutive chunks) is a
-stall; its duration is the gap minus that typical step. Over all points and repeats of a sweep, the stall
-rate is the number of stalls per observed second, and their durations are summarised by mean and
-coefficient of variation (the simulator draws them lognormal, core/sim/replica.StallClock).
+into one stream. A gap in it counts as observed time when some request was in flight across the whole gap (sent
+before it, last chunk after it), so client think time is not mistaken for a stall. A gap longer than
+`STALL_FACTOR` times the point's typical step (the median gap between a request's consecutive chunks, and never
+less than the engine's own step where /metrics gives it) is a stall; its duration is the gap minus that typical
+step. Over all points and repeats of a sweep, the stall rate is the number of stalls per observed second, and
+their durations are summarised by mean and coefficient of variation (the simulator draws them lognormal,
+core/sim/replica.StallClock).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from core.records import RequestRecord
 # A gap of ten typical steps: far beyond per-step noise (noise_cv of a few tens of percent), short enough to
 # catch the pauses that decide a p99 (tens of milliseconds on a 2-3 ms step).
 STALL_FACTOR = 10.0
+# Chunks of one request closer together than this share of the typical step arrived as one burst (one write
+# of the API process, read in pieces), not as separate steps.
+BURST_GAP_SHARE = 0.5
 # Fewer stalls than this over a whole sweep say little about their rate and nothing about their durations:
 # the calibration then leaves stalls out (a dedicated machine).
 MIN_STALLS = 3
@@ -47,8 +51,16 @@ class StallSample:
         return sum(max(0.0, min(end, end_s) - max(start, start_s)) for start, end in self.intervals)
 
 
-def observe_stalls(records: list[RequestRecord], factor: float = STALL_FACTOR) -> StallSample:
+def observe_stalls(
+    records: list[RequestRecord], factor: float = STALL_FACTOR, step_floor_s: float | None = None
+) -> StallSample:
     """Stalls in one run's records (warm-up requests included: they were on the server too).
+
+    `step_floor_s`: the engine's own step where it is known (vLLM /metrics). The typical step is never taken
+    below it: when the API process writes responses in bursts, the gaps between a request's chunks are socket
+    writes microseconds apart, not steps, and a typical step taken from them would make every request's whole
+    latency a "stall" (a CI run at load average 19 on 2026-11-24: 0.2 ms gaps against a 1.7 ms engine step cut
+    the decode observations to a quarter of the engine's step, and the fit with them).
 
     A request is in flight from when it was sent to its last chunk, so a wait for a first token counts too:
     on the 2-core machine vLLM's API process now and then falls into a state where it writes whole responses
@@ -65,7 +77,7 @@ def observe_stalls(records: list[RequestRecord], factor: float = STALL_FACTOR) -
     step_gaps = step_gaps[step_gaps > 0]  # chunks read together are one arrival, not a step
     if len(step_gaps) == 0:
         return StallSample()
-    typical = float(np.median(step_gaps))
+    typical = max(float(np.median(step_gaps)), step_floor_s or 0.0)
     starts = np.array([sent for sent, _ in streams])
     ends = np.array([times[-1] for _, times in streams])
     # Sends are events too: a gap is measured from the later of the last arrival and the last send, so a
@@ -84,7 +96,7 @@ def observe_stalls(records: list[RequestRecord], factor: float = STALL_FACTOR) -
     # them together (at one client here it often sends a whole response in one write, at full speed). The
     # engine made the burst's tokens during the silence, so the stall is what is left of the gap after one
     # typical step per token of the largest burst one request received at its end.
-    burst = _largest_burst_at(streams)
+    burst = _largest_burst_at(streams, BURST_GAP_SHARE * typical)
     excess = gaps - np.array([burst.get(float(end), 1) for end in right]) * typical
     stalled = spanned & (gaps > factor * typical) & (excess > factor * typical)
     intervals = [
@@ -93,12 +105,14 @@ def observe_stalls(records: list[RequestRecord], factor: float = STALL_FACTOR) -
     return StallSample(float(observed.sum()), typical, [end - start for start, end in intervals], intervals)
 
 
-def _largest_burst_at(streams: list[tuple[float, np.ndarray]]) -> dict[float, int]:
-    """Arrival time -> the most chunks one request received at that instant (one read)."""
+def _largest_burst_at(streams: list[tuple[float, np.ndarray]], within_s: float) -> dict[float, int]:
+    """Arrival time -> the most chunks one request received in a burst starting then: chunks less than
+    `within_s` apart are one burst (a response written whole often reaches the client in several reads)."""
     largest: dict[float, int] = {}
     for _, times in streams:
-        instants, counts = np.unique(times, return_counts=True)
-        for instant, count in zip(instants.tolist(), counts.tolist(), strict=True):
+        breaks = np.flatnonzero(np.diff(times) >= within_s) + 1
+        for group in np.split(times, breaks):
+            instant, count = float(group[0]), len(group)
             if count > largest.get(instant, 0):
                 largest[instant] = count
     return largest

@@ -247,9 +247,6 @@ def summarize_point(
             observation = prefill_observation(point, ttft, block_size)
             result.observations = [observation] if observation is not None else []
         return result
-    # Decode points only: a prefill point's lone short requests are mostly waiting for their first token,
-    # which is the prefill the point measures, not a stall.
-    result.stalls = observe_stalls(outcome.records)
     samples = decode_step_samples(outcome.records, block_size, point.spec_width)
     result.samples = samples
     pure = ~samples.mixed & (samples.batch >= 1)
@@ -261,6 +258,10 @@ def summarize_point(
         result.observations = [engine]
     else:
         result.observations = decode_observations(samples, point.spec_width, point.label)
+    # Decode points only: a prefill point's lone short requests are mostly waiting for their first token,
+    # which is the prefill the point measures, not a stall. The engine's step bounds the typical step from
+    # below: with bursty delivery the chunk gaps are socket writes, not steps.
+    result.stalls = observe_stalls(outcome.records, step_floor_s=result.engine_step_s)
     if point.spec_width:
         server = outcome.notes.get("server", {})
         result.mean_acceptance_length = server.get("spec_mean_acceptance_length") or _mean_chunk_tokens(ok)

@@ -29,6 +29,13 @@ from core.tune.score import Segment
 from core.tune.search import simrank_climb, successive_halving
 from core.tune.segment import LiveSegmentRunner, SegmentRunner, SimSegmentRunner, TuneInterrupted
 
+# The final re-measurement of the tuned configuration is taken FINAL_RETAKES more times when it contradicts the
+# search's own measurement of it (SLO met there and missed here, or p99 more than FINAL_CONTRADICTION times
+# apart either way), and the median-scored take is reported. On the shared 2-core machine vLLM's API process
+# falls into slow spells that last a whole segment: a CI run (2026-11-24) re-measured its tuned point at
+# attainment 0.0 and score -0.3, against 4.5 for the start. A spell in one of three takes no longer decides.
+FINAL_RETAKES = 2
+FINAL_CONTRADICTION = 2.0
 GUIDED_BUDGET = 16  # the guided search's target-world segments when the profile sets no budget
 SEGMENTS_PER_STEP = 8  # the paper's accounting: the current point and up to 7 neighbours
 
@@ -110,6 +117,28 @@ async def _search(
     if algorithm == "simrank":
         return await simrank_climb(evaluator, ranker, space, start, sink=sink)
     raise ProfileError(f"tuner.algorithm {algorithm!r}: unknown; use guided, hillclimb, halving or simrank")
+
+
+def _contradicts(take: Segment, searched: Segment, slo_s: float | None) -> bool:
+    """Whether a re-measurement disagrees with the search's measurement of the same configuration by more
+    than a shared machine's ordinary drift."""
+    if not take.ok:
+        return True
+    if slo_s is not None and searched.p99_s <= slo_s < take.p99_s:
+        return True
+    low, high = sorted((take.p99_s, searched.p99_s))
+    return math.isfinite(high) and low > 0 and high / low > FINAL_CONTRADICTION
+
+
+async def remeasure_final(target: Evaluator, best: Segment, slo_s: float | None) -> Segment:
+    """Re-measure the tuned configuration; on a contradiction take it FINAL_RETAKES more times and return the
+    median-scored take (every take is in the history, the journal and the events)."""
+    takes = [await target.evaluate(best.point, phase="final", step=0, force=True)]
+    if not _contradicts(takes[0], best, slo_s):
+        return takes[0]
+    for step in range(1, FINAL_RETAKES + 1):
+        takes.append(await target.evaluate(best.point, phase="final", step=step, force=True))
+    return sorted(takes, key=lambda s: s.score)[len(takes) // 2]
 
 
 async def run_tune(
@@ -226,7 +255,7 @@ async def run_tune(
             search = await _search(algorithm, target, ranker, space, start, spec, sink)
         if search.best is not None and search.best.ok:
             target.budget = None  # the final re-measurement is part of every algorithm's budget already
-            final = await target.evaluate(search.best.point, phase="final", step=0, force=True)
+            final = await remeasure_final(target, search.best, slo_s)
     except (TuneInterrupted, asyncio.CancelledError):
         interrupted = True
     finally:
