@@ -6,14 +6,14 @@ hundreds of milliseconds, then everything resumes. Per-step noise that is indepe
 out over a 64-token request and cannot produce that; a stall delays every request in flight at once, and it
 is what puts such a server's p99 at several times its median.
 
-How a sweep point's decode runs are read: the send times and chunk arrival times of all requests are merged
-into one stream. A gap in it counts as observed time when some request was in flight across the whole gap (sent
-before it, last chunk after it), so client think time is not mistaken for a stall. A gap longer than
-`STALL_FACTOR` times the point's typical step (the median gap between a request's consecutive chunks, and never
-less than the engine's own step where /metrics gives it) is a stall; its duration is the gap minus that typical
-step. Over all points and repeats of a sweep, the stall rate is the number of stalls per observed second, and
-their durations are summarised by mean and coefficient of variation (the simulator draws them lognormal,
-core/sim/replica.StallClock).
+How a sweep point's decode runs are read: the send times and chunk arrival times of all requests are merged into
+one stream. A gap in it counts as observed time when some request was in flight across the whole gap (sent before
+it, last chunk after it), so client think time is not mistaken for a stall. A gap longer than `STALL_FACTOR` times
+the point's typical step (the median gap between a request's consecutive chunks, and never less than the engine's
+own step where /metrics gives it) is a stall; its duration is what is left of the gap after one typical step per
+token of the burst that ends it (the engine made those tokens during the silence). Over all points and repeats of a
+sweep, the stall rate is the number of stalls per observed second, and their durations are summarised by mean and
+coefficient of variation (the simulator draws them lognormal, core/sim/replica.StallClock).
 """
 
 from __future__ import annotations

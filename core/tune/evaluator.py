@@ -111,7 +111,9 @@ class Evaluator:
         return segment
 
     async def _measure(self, point: Point, key: str, phase: str, step: int, fraction: float) -> Segment:
-        seed = self.seed + (FINAL_SEED_OFFSET if phase == "final" else 0)
+        # Each take of the final re-measurement (core/tune/job.remeasure_final) draws afresh: a retake with the
+        # first take's seed would repeat it exactly on the simulator.
+        seed = self.seed + (FINAL_SEED_OFFSET + step if phase == "final" else 0)
         result = await self.runner.measure(point, seed=seed, fraction=fraction)
         summary = result.summary
         segment = Segment(
