@@ -34,6 +34,7 @@ class StreamReply:
     disconnect_after: int | None = None  # after this many chunks, drop the connection
     error_after: int | None = None  # after this many chunks, send vLLM's in-stream error object
     end_after: int | None = None  # after this many chunks, end the response cleanly (no finish, no [DONE])
+    tail_delay_s: float = 0.0  # after the last event ([DONE]), wait this long before ending the response body
 
 
 @dataclass
@@ -225,6 +226,7 @@ class FakeOpenAIServer:
                 await _send_event(writer, json.dumps({"choices": [], "usage": usage(generated)}))
             if reply.send_done:
                 await _send_event(writer, "[DONE]")
+        await asyncio.sleep(reply.tail_delay_s)
         writer.write(b"0\r\n\r\n")
         await writer.drain()
 

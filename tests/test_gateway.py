@@ -464,3 +464,44 @@ def test_reading_a_read_from_its_last_event_back_agrees_with_reading_every_event
     counter = SSETokenCounter()
     counter.feed(burst + b"data: [DONE]\n\n")
     assert (counter.tokens, counter.finished, counter.done) == (16, True, True)
+
+
+def test_a_client_that_hangs_up_before_its_body_is_read_counts_as_failed() -> None:
+    async def scenario() -> None:
+        async with FakeOpenAIServer(StreamReply()) as fake, Gateway([fake.base_url], Policy()) as gateway:
+            _reader, writer = await asyncio.open_connection(gateway.host, gateway.port)
+            writer.write(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"prompt":'
+            )
+            await writer.drain()
+            await until(lambda: gateway.stats.reading == 1)
+            assert gateway.stats.open() == 1  # received, not yet ended: still accounted
+            assert gateway.stats.accounted()
+            writer.close()
+            await until(lambda: gateway.stats.failed == 1)
+            assert fake.bodies == []
+            assert_accounted(gateway, 1)
+            assert gateway.stats.reading == 0
+
+    asyncio.run(scenario())
+
+
+def test_settle_waits_for_the_gateway_to_end_a_stream_its_client_has_already_read() -> None:
+    # The gateway ends the client's response at the last event, and its own request when the upstream's body
+    # ends (0.5 s later here): `settle` is what an embedded run waits on before taking its account.
+    async def scenario() -> None:
+        async with (
+            FakeOpenAIServer(StreamReply(tail_delay_s=0.5)) as fake,
+            Gateway([fake.base_url], Policy()) as gateway,
+            aiohttp.ClientSession() as session,
+        ):
+            status, body = await post(session, gateway.base_url, completion())
+            assert status == 200 and b"[DONE]" in body
+            assert gateway.stats.in_flight == 1 and gateway.stats.completed == 0
+            assert not await gateway.settle(0.05)
+            assert await gateway.settle(5.0)
+            assert_accounted(gateway, 1)
+            assert gateway.stats.completed == 1
+
+    asyncio.run(scenario())

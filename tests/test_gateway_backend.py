@@ -101,3 +101,24 @@ def test_the_energy_window_starts_at_the_first_measured_send_through_the_gateway
             assert 0.15 <= observer.measurement_starts[0] < 0.5  # the third arrival is at 0.2 s
 
     asyncio.run(scenario())
+
+
+def test_back_to_back_runs_each_account_for_their_own_requests() -> None:
+    # Streams whose upstream body ends after the client read the last event: the gateway is still busy with
+    # them as the client returns, and a run's account must count them there, not in the next run.
+    async def scenario() -> None:
+        async with FakeOpenAIServer(StreamReply(tail_delay_s=0.4), tokens_per_word=1) as fake:
+            profile = load_profile("quickstart")
+            backend = GatewayBackend(UrlBackend(fake.base_url, metrics_interval_s=None), profile, "fcfs")
+            try:
+                for _ in range(2):
+                    specs = (RequestSpec(i, 8, 4, task="chat") for i in range(100))
+                    plan = LoadPlan(requests=specs, mode="closed", concurrency=2, max_requests=4)
+                    outcome = await backend.run(plan)
+                    stats = outcome.notes["gateway"]
+                    assert stats["accounted"] and stats["in_flight"] == 0 and stats["held"] == 0, stats
+                    assert (stats["received"], stats["completed"]) == (4, 4), stats
+            finally:
+                await backend.close()
+
+    asyncio.run(scenario())

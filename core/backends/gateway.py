@@ -27,6 +27,10 @@ from core.events import EventSink
 from core.profile import Profile
 from core.records import RequestRecord, RequestSpec, Status
 
+# How long a run's account waits for the gateway to end what the client is already done with (streams whose
+# upstream body has yet to end, handlers of hung-up clients yet to be cancelled): milliseconds normally.
+SETTLE_TIMEOUT_S = 10.0
+
 
 class GatewayBackend:
     """Serve through the gateway running mode `mode` in front of `inner` (a VllmBackend or a UrlBackend)."""
@@ -164,6 +168,8 @@ class GatewayBackend:
             ender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await ender
+        # The account is the gateway's once it has ended what this run sent (see `AdmissionController.settle`).
+        await _on_loop(gateway.loop, gateway.settle(SETTLE_TIMEOUT_S))
         for record in outcome.records:
             self.reconcile(record)
         outcome.notes["gateway"] = _run_counters(gateway, before)
@@ -244,9 +250,11 @@ def _run_counters(gateway: Gateway, before: dict[str, int]) -> dict[str, Any]:
     counters: dict[str, Any] = {"mode": gateway.policy.name}
     for name in ("received", "completed", "rejected", "deferred", "failed"):
         counters[name] = now[name] - before[name]
-    counters["held"], counters["in_flight"] = now["held"], now["in_flight"]
+    for name in ("reading", "held", "in_flight"):
+        counters[name] = now[name]
     ended = sum(counters[name] for name in ("completed", "rejected", "deferred", "failed"))
-    counters["accounted"] = ended + counters["held"] + counters["in_flight"] == counters["received"]
+    still_open = counters["reading"] + counters["held"] + counters["in_flight"]
+    counters["accounted"] = ended + still_open == counters["received"]
     return counters
 
 

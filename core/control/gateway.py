@@ -154,6 +154,7 @@ class Gateway(AdmissionController):
 
     async def _completion(self, http_request: web.Request) -> web.StreamResponse:
         self.stats.received += 1
+        self.stats.reading += 1
         try:
             raw = await http_request.read()
             body = json.loads(raw)
@@ -165,6 +166,13 @@ class Gateway(AdmissionController):
         except (ValueError, BadGatewayRequest) as exc:
             self.stats.failed += 1
             return web.json_response(error_body(ERROR_INVALID, f"cannot read the request: {exc}", 400), status=400)
+        except BaseException:
+            # The client hung up (or the gateway stopped) before its body was read: its handler is cancelled
+            # here, and the request, never identified, ends failed.
+            self.stats.failed += 1
+            raise
+        finally:
+            self.stats.reading -= 1
         # Its SLO counts from when the client sent it, where the client says (x-slo-sent-at).
         now = self.now() - sent_before_s(meta, time.time())
         spec = RequestSpec(self._next_id, meta.prompt_tokens, meta.max_tokens, arrival_s=now, task=meta.task)

@@ -28,14 +28,17 @@ PolicyFactory = Callable[[str], Policy]
 
 REJECTED_BY_MODE = "rejected by the scheduling mode"
 HELD_AT_END = "held when the run ended; never served"
+SETTLE_POLL_S = 0.005
 
 
 @dataclass(slots=True)
 class GatewayStats:
     """Counters since the gateway started. Every received request ends in exactly one of the four outcomes;
-    until then it is `held` (in the policy's queues) or `in_flight` (at an upstream)."""
+    until then it is `reading` (its body not yet read), `held` (in the policy's queues) or `in_flight` (at an
+    upstream)."""
 
     received: int = 0
+    reading: int = 0
     completed: int = 0
     rejected: int = 0
     deferred: int = 0
@@ -46,7 +49,11 @@ class GatewayStats:
 
     def accounted(self) -> bool:
         ended = self.completed + self.rejected + self.deferred + self.failed
-        return ended + self.held + self.in_flight == self.received
+        return ended + self.reading + self.held + self.in_flight == self.received
+
+    def open(self) -> int:
+        """Requests received and not yet ended."""
+        return self.reading + self.held + self.in_flight
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -235,6 +242,19 @@ class AdmissionController:
             "accounted": self.stats.accounted(),
             "upstreams": [{"url": u.url, "load": u.load, "served": u.served} for u in self.upstreams],
         }
+
+    async def settle(self, timeout_s: float) -> bool:
+        """Wait until every request received has ended (at most `timeout_s`); True if they all have.
+
+        A client may be done with a request before the gateway is: the gateway ends a stream when the
+        upstream's body ends, a moment after the client read the last event, and it notices a client that hung
+        up only when its handler is cancelled. An embedded run takes its account after this, so a request is
+        counted in the run that sent it and never in the next one's."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.stats.open() and loop.time() < deadline:
+            await asyncio.sleep(SETTLE_POLL_S)
+        return self.stats.open() == 0
 
     def cancel_timer(self) -> None:
         if self._timer is not None:
