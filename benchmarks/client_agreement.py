@@ -81,6 +81,8 @@ def vllm_bench(python: str, url: str, model: str, tokenizer: str, load: str, arg
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", tmp, "--result-filename", "result.json", "--disable-tqdm",
         ]  # fmt: skip
+        if args.sampling == "greedy":
+            argv += ["--temperature", "0"]  # what slo-console's client sends by default
         if load == "closed":
             argv += ["--request-rate", "inf", "--max-concurrency", str(CLIENTS)]
         else:
@@ -116,7 +118,12 @@ def _specs(load: str, args: argparse.Namespace) -> Iterator[RequestSpec]:
 
 async def slo_console_client(url: str, load: str, args: argparse.Namespace) -> dict:
     """One run of slo-console's load client (the path `--backend url` and `--backend vllm` use)."""
-    backend = UrlBackend(url, metrics_interval_s=None, continuous_usage=not args.no_continuous_usage)
+    backend = UrlBackend(
+        url,
+        metrics_interval_s=None,
+        continuous_usage=not args.no_continuous_usage,
+        temperature=0.0 if args.sampling == "greedy" else None,
+    )
     await backend.probe()
     if load == "closed":
         plan = LoadPlan(requests=_specs(load, args), mode="closed", concurrency=CLIENTS, warmup_requests=1)
@@ -182,6 +189,13 @@ def main() -> int:
         action="store_true",
         help="slo-console's client without per-chunk usage (vllm bench does not ask for it)",
     )
+    parser.add_argument(
+        "--sampling",
+        choices=("greedy", "server"),
+        default="greedy",
+        help="both clients send temperature 0 (greedy: slo-console's default), or neither does and the server's"
+        " default sampling applies (vllm bench serve's default)",
+    )
     parser.add_argument("--url", help="use this running vLLM (serving the built-in tiny model) instead of starting one")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
     args = parser.parse_args()
@@ -218,7 +232,8 @@ def main() -> int:
     load_after = os.getloadavg()
     print()
     print(
-        f"{started}; {args.rounds} rounds, {args.requests} requests per run, Poisson {args.rate:g} req/s; "
+        f"{started}; {args.rounds} rounds, {args.requests} requests per run, Poisson {args.rate:g} req/s, "
+        f"sampling {args.sampling}; "
         f"1-min load average {load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores)"
     )
     print(report(results, args))

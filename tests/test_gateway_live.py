@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import math
 import os
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -269,9 +270,10 @@ async def run_mode(
         counts=counts,
         lateness=lateness_by_tier(admitted).get("high", math.inf),
     )
+    errors = Counter(f"{r.status.value}: {(r.error or '')[:90]}" for r in outcome.records if r.status.value != "ok")
     print(
         f"{name}: {result}, attainment admitted {result.attainment:.2f}, served {result.served_attainment:.2f},"
-        f" median e2e/SLO by tier {lateness_by_tier(admitted)}"
+        f" median e2e/SLO by tier {lateness_by_tier(admitted)}, not ok: {dict(errors.most_common(4))}"
     )
     return result
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -188,6 +189,33 @@ async def test_connection_refused_is_an_error_record() -> None:
 
     assert record.status is Status.ERROR
     assert record.error is not None and record.error.startswith("connection failed: ClientConnectorError")
+
+
+async def test_a_connect_timeout_says_so_rather_than_blaming_the_response() -> None:
+    # A server that never accepts, its accept queue full: the next connect waits for a SYN that is dropped.
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                filler.connect(("127.0.0.1", port))
+            fillers.append(filler)
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=0.3)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            client = StreamingClient(http, f"http://127.0.0.1:{port}", "m", request_timeout_s=60.0)
+            record = await client.send(spec(), time.perf_counter())
+    finally:
+        for sock in [*fillers, listener]:
+            sock.close()
+
+    assert record.status is Status.TIMEOUT
+    assert record.error is not None and record.error.startswith("could not connect: ConnectionTimeoutError")
+    assert "60 s" not in record.error
 
 
 async def test_transport_errors_are_reported_to_the_hook() -> None:

@@ -118,6 +118,7 @@ class StreamingClient:
         extra_body: dict[str, Any] | None = None,
         on_transport_error: Callable[[BaseException], None] | None = None,
         slo_fields: bool = False,
+        temperature: float | None = 0.0,
     ) -> None:
         if api not in ("completions", "chat"):
             raise ValueError(f"api must be 'completions' or 'chat', got {api!r}")
@@ -130,6 +131,9 @@ class StreamingClient:
         self.ignore_eos = ignore_eos
         self.continuous_usage = continuous_usage
         self.extra_body = dict(extra_body or {})
+        # 0.0: greedy, so a prompt's output is the same every run; None leaves sampling to the server's
+        # defaults (what `vllm bench serve` sends since it stopped setting temperature 0).
+        self.temperature = temperature
         # Tell an admission gateway each request's task, SLO and id (core/control/gateway_protocol.py).
         self.slo_fields = slo_fields
         # Told about refused connections and broken streams, so a load driver can check whether the
@@ -153,10 +157,11 @@ class StreamingClient:
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": spec.output_tokens,
-            "temperature": 0.0,
             "stream": True,
             "stream_options": stream_options,
         }
+        if self.temperature is not None:
+            body["temperature"] = self.temperature
         if self.api == "chat":
             body["messages"] = [{"role": "user", "content": text}]
         else:
@@ -215,6 +220,10 @@ class StreamingClient:
         except _StreamFailure as failure:
             record.status = failure.status
             record.error = failure.message
+        except aiohttp.ServerTimeoutError as exc:
+            # aiohttp's connect timeout (the session's sock_connect) is a TimeoutError too: say which it was.
+            record.status = Status.TIMEOUT
+            record.error = f"could not connect: {type(exc).__name__}: {exc}"
         except TimeoutError:
             record.status = Status.TIMEOUT
             record.error = f"no complete response within {self.request_timeout_s:g} s"

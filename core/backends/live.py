@@ -55,6 +55,7 @@ class UrlBackend:
         probe_timeout_s: float = 10.0,
         extra_body: dict[str, Any] | None = None,
         slo_fields: bool = False,
+        temperature: float | None = 0.0,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -65,6 +66,7 @@ class UrlBackend:
         self.continuous_usage = continuous_usage
         self.probe_timeout_s = probe_timeout_s
         self.extra_body = extra_body
+        self.temperature = temperature  # see StreamingClient.temperature
         self.slo_fields = slo_fields  # add each request's task/SLO/id for an admission gateway in between
         self._tokenizer = tokenizer
         self._prompts: PromptBuilder | None = None
@@ -183,6 +185,7 @@ class UrlBackend:
                 continuous_usage=self.continuous_usage,
                 extra_body=self.extra_body,
                 slo_fields=self.slo_fields,
+                temperature=self.temperature,
             )
             await self._calibrate_prompts(http)
             load = LoadRun(self, http, client, plan, observer)
