@@ -165,12 +165,27 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
             + " | ".join(f"{100 * diff[m]:+.0f}%" if m in diff else "n/a" for m in METRICS)
             + " |"
         )
+        # The yardstick for a difference: how far the reference's own rounds fall from their median.
+        spread = {m: _own_spread([r[m] for r in by_client["vllm bench serve"]]) for m in METRICS}
+        rows.append(
+            f"| {load} | vllm bench serve's rounds, from their median | "
+            + " | ".join(f"{100 * spread[m][0]:+.0f}..{100 * spread[m][1]:+.0f}%" for m in METRICS)
+            + " |"
+        )
         ok_thr = abs(diff["throughput_rps"]) <= 0.10
         ok_med = all(abs(diff[m]) <= 0.20 for m in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms") if m in diff)
         verdicts.append(
             f"{load}: throughput within 10%: {_yes(ok_thr)}; TTFT, TPOT and e2e medians within 20%: {_yes(ok_med)}"
         )
     return "\n".join([*rows, "", *verdicts])
+
+
+def _own_spread(values: list[float]) -> tuple[float, float]:
+    """The lowest and highest of `values` relative to their median (0, 0 for one value or a zero median)."""
+    middle = float(np.median(values))
+    if not middle:
+        return 0.0, 0.0
+    return min(values) / middle - 1.0, max(values) / middle - 1.0
 
 
 def _yes(flag: bool) -> str:

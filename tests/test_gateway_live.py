@@ -101,6 +101,11 @@ def overloaded(fcfs: ModeResult) -> bool:
     return fcfs.served_rps < fcfs.sent / RUN_S / 1.5 or fcfs.lateness >= 2.0
 
 
+def delivered(result: ModeResult) -> bool:
+    """Whether at least 90% of what the client sent reached the gateway (the rest: client-side timeouts)."""
+    return result.reached >= 0.9 * result.sent
+
+
 def profile_for_test() -> Profile:
     return Profile.model_validate(
         {
@@ -217,7 +222,7 @@ def test_saber_gateway_bounds_what_it_admits_where_fcfs_drowns_at_twice_capacity
         pytest.skip(f"could not overload vLLM on this machine now: {fcfs}; rerun when it is less busy")
     # (A run on 2026-11-23: 7 of 288 fcfs requests never reached the gateway, client connect timeouts on the busy
     # machine, accounted as timeouts; fcfs still admitted every request it received.)
-    assert fcfs.admitted == fcfs.reached and fcfs.reached >= 0.9 * fcfs.sent, results
+    assert fcfs.admitted == fcfs.reached and delivered(fcfs), results
     assert saber.admitted < fcfs.admitted, results
     # fcfs's queue grows for the whole run, and so does the latency of everything it admitted; SABER's admitted
     # requests wait in its queue until f(L) says they can be served, and then run at a bounded load.
@@ -300,8 +305,10 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
         )
         fcfs = await run_mode(backend, "fcfs", Policy(), rate, slo_s)
         # The comparison needs an overloaded engine, and the shared machine's speed swings between the
-        # capacity measurement and the run: if fcfs was not overloaded, measure again (once).
-        if overloaded(fcfs):
+        # capacity measurement and the run: if fcfs was not overloaded, measure again (once). Likewise when
+        # the starved client could not deliver its load to the gateway (a CI run at load 10: 49 of 374
+        # requests timed out connecting): the run said nothing about fcfs, so it is taken again.
+        if overloaded(fcfs) and delivered(fcfs):
             break
     # With drift correction (core/control/speed_drift.py): the shared machine's speed swings between the
     # profiling and this run (the same 8-client point measured 6.7 and 8.3 req/s minutes apart), and SABER,
