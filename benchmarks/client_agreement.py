@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -42,6 +43,7 @@ from core.backends.live import UrlBackend
 from core.metrics import summarize
 from core.profile import KnobsSpec, ServerSpec, SLOSpec, SmoothGoodputSpec
 from core.records import RequestSpec
+from core.serve.prom import VllmMetrics, fetch_metrics
 from core.serve.vllm_server import VllmServer, default_vllm_python
 
 CLIENTS = 8
@@ -96,6 +98,7 @@ def vllm_bench(python: str, url: str, model: str, tokenizer: str, load: str, arg
     return {
         "throughput_rps": result["request_throughput"],
         "completed": result["completed"],
+        "ttft_mean_ms": result["mean_ttft_ms"],
         **{f"{name}_p{q}_ms": result[f"{kind}_{name2}_ms"] for name, name2 in _BENCH_NAMES for q, kind in _Q},
     }
 
@@ -135,9 +138,37 @@ async def slo_console_client(url: str, load: str, args: argparse.Namespace) -> d
     for name, prefix in (("ttft", "ttft_"), ("tpot", "tpot_"), ("e2e", "")):
         figures[f"{name}_p50_ms"] = 1000 * getattr(summary, f"{prefix}p50_s")
         figures[f"{name}_p99_ms"] = 1000 * getattr(summary, f"{prefix}p99_s")
+    ttfts = [r.ttft_s for r in outcome.records if r.ok and not r.warmup and r.ttft_s is not None]
+    figures["ttft_mean_ms"] = 1000 * float(np.mean(ttfts))
     if "schedule_error_s" in outcome.notes:
         figures["schedule_error_p99_ms"] = 1000 * outcome.notes["schedule_error_s"]["p99"]
     return figures
+
+
+async def _server_metrics(url: str) -> VllmMetrics:
+    async with httpx.AsyncClient() as http:
+        return await fetch_metrics(http, url)
+
+
+def _server_ttft_mean_ms(before: VllmMetrics, after: VllmMetrics) -> float:
+    """vLLM's own mean TTFT over one run (its /metrics histogram: from when the API process received the
+    request to its first token), the warm-up request included. NaN without the histogram."""
+    histogram = after.since(before).ttft_s
+    mean = None if histogram is None else histogram.mean
+    return float("nan") if mean is None else 1000 * mean
+
+
+def server_view(results: dict[str, dict[str, list[dict]]]) -> str:
+    """Mean TTFT as each client saw it and as vLLM saw the same requests: a difference between clients
+    that vLLM's own figure shows too lies in the requests, one it does not lies in the clients."""
+    rows = ["| load | client | client mean TTFT ms | vLLM's mean TTFT ms | client - vLLM ms |", "|---|---|---|---|---|"]
+    for load, by_client in results.items():
+        for client, runs in by_client.items():
+            ours = float(np.median([r["ttft_mean_ms"] for r in runs]))
+            theirs = float(np.median([r["server_ttft_mean_ms"] for r in runs]))
+            label = f"{client} (median of {len(runs)})"
+            rows.append(f"| {load} | {label} | {ours:.1f} | {theirs:.1f} | {ours - theirs:+.1f} |")
+    return "\n".join(rows)
 
 
 def _line(label: str, figures: dict) -> str:
@@ -235,10 +266,12 @@ def main() -> int:
                 if round_index % 2:
                     order.reverse()  # alternate who goes first, so drift in machine load hits both
                 for client in order:
+                    before = asyncio.run(_server_metrics(url))
                     if client == "slo-console":
                         figures = asyncio.run(slo_console_client(url, load, args))
                     else:
                         figures = vllm_bench(python, url, server.served_model_name, tokenizer, load, args)
+                    figures["server_ttft_mean_ms"] = _server_ttft_mean_ms(before, asyncio.run(_server_metrics(url)))
                     results[load][client].append(figures)
                     print(f"round {round_index + 1} {load}: {_line(client, figures)}", flush=True)
     finally:
@@ -252,6 +285,8 @@ def main() -> int:
         f"1-min load average {load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores)"
     )
     print(report(results, args))
+    print()
+    print(server_view(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
