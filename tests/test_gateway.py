@@ -209,9 +209,11 @@ def test_requests_still_held_at_the_end_are_deferred_and_late_holds_too() -> Non
 
 
 def test_a_client_that_hangs_up_while_held_counts_as_failed_and_never_reaches_the_upstream() -> None:
+    # The first request holds the one slot for 2 s; the second's client gives up after 0.1 s. With a 0.3 s slot
+    # the gateway released the second before it saw the hang-up, in a run beside a .ci/run (2026-11-24).
     async def scenario() -> None:
         async with (
-            FakeOpenAIServer(StreamReply(first_delay_s=0.3)) as fake,
+            FakeOpenAIServer(StreamReply(first_delay_s=2.0)) as fake,
             Gateway([fake.base_url], ConcurrencyCapPolicy(cap=1)) as gateway,
         ):
             async with aiohttp.ClientSession() as session:
