@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.backends.base import LoadPlan
 from core.backends.live import UrlBackend
+from core.backends.prompts import PromptBuilder
 from core.metrics import summarize
 from core.profile import KnobsSpec, ServerSpec, SLOSpec, SmoothGoodputSpec
 from core.records import RequestSpec
@@ -70,16 +71,59 @@ main()
 """
 
 
+# The prompts `vllm bench serve` would send with these dataset arguments, through its own get_samples
+# (so the same random-token texts, seed for seed), as a JSON list on stdout.
+_PROMPTS_SHIM = """
+import argparse, json, sys
+from vllm.benchmarks.datasets import get_samples
+from vllm.benchmarks.serve import add_cli_args
+from vllm.tokenizers import get_tokenizer
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser()
+add_cli_args(parser)
+args = parser.parse_args(sys.argv[1:])
+samples = get_samples(args, get_tokenizer(args.tokenizer))
+json.dump([sample.prompt for sample in samples], sys.stdout)
+"""
+
+
+def _dataset_argv(tokenizer: str, args: argparse.Namespace) -> list[str]:
+    return [
+        "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(PROMPT_TOKENS),
+        "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0",
+        "--num-prompts", str(args.requests), "--seed", str(args.seed),
+    ]  # fmt: skip
+
+
+def reference_prompts(python: str, tokenizer: str, args: argparse.Namespace) -> list[str]:
+    """The prompt texts `vllm bench serve` sends in every run of this benchmark (same seed each run)."""
+    argv = [python, "-c", _PROMPTS_SHIM, *_dataset_argv(tokenizer, args)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False)
+    if done.returncode != 0:
+        tail = done.stderr.strip().splitlines()[-3:]
+        raise SystemExit(f"could not build vllm bench serve's prompts (exit {done.returncode}): {' | '.join(tail)}")
+    return json.loads(done.stdout)
+
+
+class ListedPrompts(PromptBuilder):
+    """Sends given prompt texts: request 0 (the warm-up) gets the first, as vllm bench's test request does,
+    and measured request i gets text i - 1, so both clients' measured requests carry the same prompts."""
+
+    def __init__(self, texts: list[str]) -> None:
+        super().__init__(lambda text: 0)  # "tokenizer aware": lengths are the texts' own, never estimated
+        self._texts = texts
+
+    def build(self, n_tokens: int, salt: int | None = None) -> str:
+        return self._texts[max(0, (salt or 0) - 1) % len(self._texts)]
+
+
 def vllm_bench(python: str, url: str, model: str, tokenizer: str, load: str, args: argparse.Namespace) -> dict:
     """One `vllm bench serve` run; its saved result JSON, with our metric names."""
     with tempfile.TemporaryDirectory() as tmp:
         argv = [
             python, "-c", _BENCH_SHIM, "bench", "serve",
             "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
-            "--model", model, "--tokenizer", tokenizer,
-            "--dataset-name", "random", "--random-input-len", str(PROMPT_TOKENS),
-            "--random-output-len", str(OUTPUT_TOKENS), "--random-range-ratio", "0", "--ignore-eos",
-            "--num-prompts", str(args.requests), "--seed", str(args.seed),
+            "--model", model, *_dataset_argv(tokenizer, args), "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
             "--save-result", "--result-dir", tmp, "--result-filename", "result.json", "--disable-tqdm",
         ]  # fmt: skip
@@ -119,13 +163,15 @@ def _specs(load: str, args: argparse.Namespace) -> Iterator[RequestSpec]:
         yield RequestSpec(i, PROMPT_TOKENS, OUTPUT_TOKENS, arrival_s=float(arrivals[i]), warmup=i == 0)
 
 
-async def slo_console_client(url: str, load: str, args: argparse.Namespace) -> dict:
-    """One run of slo-console's load client (the path `--backend url` and `--backend vllm` use)."""
+async def slo_console_client(url: str, load: str, args: argparse.Namespace, prompts: list[str] | None) -> dict:
+    """One run of slo-console's load client (the path `--backend url` and `--backend vllm` use); with
+    `prompts`, it sends those texts instead of its own."""
     backend = UrlBackend(
         url,
         metrics_interval_s=None,
         continuous_usage=not args.no_continuous_usage,
         temperature=0.0 if args.sampling == "greedy" else None,
+        prompts=None if prompts is None else ListedPrompts(prompts),
     )
     await backend.probe()
     if load == "closed":
@@ -242,6 +288,14 @@ def main() -> int:
         help="both clients send temperature 0 (greedy: slo-console's default), or neither does and the server's"
         " default sampling applies (vllm bench serve's default)",
     )
+    parser.add_argument(
+        "--prompts",
+        choices=("own", "reference"),
+        default="own",
+        help="slo-console's client sends its own word prompts (own), or the very texts vllm bench serve sends"
+        " (reference: its random-token prompts, same seed): tells a difference in the client from one in the"
+        " prompts",
+    )
     parser.add_argument("--url", help="use this running vLLM (serving the built-in tiny model) instead of starting one")
     parser.add_argument("--json", type=Path, help="also write every run's figures here")
     args = parser.parse_args()
@@ -255,6 +309,7 @@ def main() -> int:
     if args.url is None:
         server.start()
     url = args.url or server.base_url
+    prompts = reference_prompts(python, tokenizer, args) if args.prompts == "reference" else None
     loads = [load.strip() for load in args.loads.split(",") if load.strip()]
     results: dict[str, dict[str, list[dict]]] = {load: {"vllm bench serve": [], "slo-console": []} for load in loads}
     load_before = os.getloadavg()
@@ -268,7 +323,7 @@ def main() -> int:
                 for client in order:
                     before = asyncio.run(_server_metrics(url))
                     if client == "slo-console":
-                        figures = asyncio.run(slo_console_client(url, load, args))
+                        figures = asyncio.run(slo_console_client(url, load, args, prompts))
                     else:
                         figures = vllm_bench(python, url, server.served_model_name, tokenizer, load, args)
                     figures["server_ttft_mean_ms"] = _server_ttft_mean_ms(before, asyncio.run(_server_metrics(url)))
@@ -281,7 +336,7 @@ def main() -> int:
     print()
     print(
         f"{started}; {args.rounds} rounds, {args.requests} requests per run, Poisson {args.rate:g} req/s, "
-        f"sampling {args.sampling}; "
+        f"sampling {args.sampling}, slo-console's prompts {args.prompts}; "
         f"1-min load average {load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores)"
     )
     print(report(results, args))

@@ -37,6 +37,7 @@ class UrlBackend:
     `model` defaults to the first model the server lists. `tokenizer` makes prompts tokenizer-aware: a
     callable text -> token count, or a model directory holding tokenizer.json; by default the served
     model's directory is used when the server runs on this machine (vLLM lists it as the model's root).
+    `prompts` replaces the prompt builder altogether (e.g. to send another client's prompt texts).
     """
 
     name = "url"
@@ -56,6 +57,7 @@ class UrlBackend:
         extra_body: dict[str, Any] | None = None,
         slo_fields: bool = False,
         temperature: float | None = 0.0,
+        prompts: PromptBuilder | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
@@ -69,7 +71,7 @@ class UrlBackend:
         self.temperature = temperature  # see StreamingClient.temperature
         self.slo_fields = slo_fields  # add each request's task/SLO/id for an admission gateway in between
         self._tokenizer = tokenizer
-        self._prompts: PromptBuilder | None = None
+        self._prompts: PromptBuilder | None = prompts
         # How prompt lengths are made: "tokenizer" (exact), "server /tokenize ratio", or "estimate".
         self.prompt_length_source = "estimate"
         self._info: dict[str, Any] | None = None
