@@ -105,6 +105,11 @@ def reference_prompts(python: str, tokenizer: str, args: argparse.Namespace) -> 
     return json.loads(done.stdout)
 
 
+# The fields vllm bench serve's completions request adds beyond slo-console's (both default values in vLLM;
+# vllm/benchmarks/lib/endpoint_request_func.py, 0.32.0).
+_REFERENCE_BODY = {"repetition_penalty": 1.0, "logprobs": None}
+
+
 class ListedPrompts(PromptBuilder):
     """Sends given prompt texts: request 0 (the warm-up) gets the first, as vllm bench's test request does,
     and measured request i gets text i - 1, so both clients' measured requests carry the same prompts."""
@@ -169,7 +174,8 @@ async def slo_console_client(url: str, load: str, args: argparse.Namespace, prom
     backend = UrlBackend(
         url,
         metrics_interval_s=None,
-        continuous_usage=not args.no_continuous_usage,
+        continuous_usage=args.body == "own",
+        extra_body=_REFERENCE_BODY if args.body == "reference" else None,
         temperature=0.0 if args.sampling == "greedy" else None,
         prompts=None if prompts is None else ListedPrompts(prompts),
     )
@@ -277,9 +283,11 @@ def main() -> int:
     parser.add_argument("--loads", default="closed,poisson", help="comma-separated: closed, poisson")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
-        "--no-continuous-usage",
-        action="store_true",
-        help="slo-console's client without per-chunk usage (vllm bench does not ask for it)",
+        "--body",
+        choices=("own", "reference"),
+        default="own",
+        help="slo-console's client sends its own request fields (own: per-chunk usage), or exactly the fields"
+        " vllm bench serve sends (reference: no per-chunk usage, repetition_penalty 1.0, logprobs null)",
     )
     parser.add_argument(
         "--sampling",
@@ -336,7 +344,7 @@ def main() -> int:
     print()
     print(
         f"{started}; {args.rounds} rounds, {args.requests} requests per run, Poisson {args.rate:g} req/s, "
-        f"sampling {args.sampling}, slo-console's prompts {args.prompts}; "
+        f"sampling {args.sampling}, slo-console's prompts {args.prompts} and body {args.body}; "
         f"1-min load average {load_before[0]:.1f} before, {load_after[0]:.1f} after (2 cores)"
     )
     print(report(results, args))
