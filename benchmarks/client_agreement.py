@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.backends.base import LoadPlan
 from core.backends.live import UrlBackend
-from core.backends.prompts import PromptBuilder
+from core.backends.prompts import GivenPrompts
 from core.metrics import summarize
 from core.profile import KnobsSpec, ServerSpec, SLOSpec, SmoothGoodputSpec
 from core.records import RequestSpec
@@ -114,18 +114,6 @@ def reference_prompts(python: str, tokenizer: str, args: argparse.Namespace) -> 
 _REFERENCE_BODY = {"repetition_penalty": 1.0, "logprobs": None}
 
 
-class ListedPrompts(PromptBuilder):
-    """Sends given prompt texts: request 0 (the warm-up) gets the first, as vllm bench's test request does,
-    and measured request i gets text i - 1, so both clients' measured requests carry the same prompts."""
-
-    def __init__(self, texts: list[str]) -> None:
-        super().__init__(lambda text: 0)  # "tokenizer aware": lengths are the texts' own, never estimated
-        self._texts = texts
-
-    def build(self, n_tokens: int, salt: int | None = None) -> str:
-        return self._texts[max(0, (salt or 0) - 1) % len(self._texts)]
-
-
 def vllm_bench(python: str, url: str, model: str, tokenizer: str, load: str, args: argparse.Namespace) -> dict:
     """One `vllm bench serve` run; its saved result JSON, with our metric names."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +171,9 @@ async def slo_console_client(url: str, load: str, args: argparse.Namespace, prom
         continuous_usage=args.body == "own",
         extra_body=_REFERENCE_BODY if args.body == "reference" else None,
         temperature=0.0 if args.sampling == "greedy" else None,
-        prompts=None if prompts is None else ListedPrompts(prompts),
+        # Request 0 (the warm-up) gets vllm bench's first text, as its test request does, and measured
+        # request i text i - 1: both clients' measured requests then carry the same prompts.
+        prompts=None if prompts is None else GivenPrompts([prompts[0], *prompts]),
     )
     await backend.probe()
     if load == "closed":
@@ -196,8 +186,7 @@ async def slo_console_client(url: str, load: str, args: argparse.Namespace, prom
     for name, prefix in (("ttft", "ttft_"), ("tpot", "tpot_"), ("e2e", "")):
         figures[f"{name}_p50_ms"] = 1000 * getattr(summary, f"{prefix}p50_s")
         figures[f"{name}_p99_ms"] = 1000 * getattr(summary, f"{prefix}p99_s")
-    ttfts = [r.ttft_s for r in outcome.records if r.ok and not r.warmup and r.ttft_s is not None]
-    figures["ttft_mean_ms"] = 1000 * float(np.mean(ttfts))
+    figures["ttft_mean_ms"] = 1000 * summary.ttft_mean_s
     figures["send_gap_p50_ms"] = _send_gap_p50_ms([r.sent_s for r in outcome.records if not r.warmup])
     if "schedule_error_s" in outcome.notes:
         figures["schedule_error_p99_ms"] = 1000 * outcome.notes["schedule_error_s"]["p99"]

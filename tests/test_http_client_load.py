@@ -15,7 +15,7 @@ import pytest
 
 from core.backends.base import BackendUnavailable, CallbackObserver, EngineSample, LoadPlan
 from core.backends.live import UrlBackend
-from core.backends.prompts import PromptBuilder
+from core.backends.prompts import GivenPrompts
 from core.records import RequestRecord, RequestSpec, Status
 from core.serve.prom import parse_metrics
 from tests.fakeserver import ErrorReply, FakeOpenAIServer, StreamReply
@@ -94,26 +94,15 @@ async def test_a_token_counter_makes_prompts_exact() -> None:
     assert len(words) == 64  # the salt tag "1:" plus 63 words
 
 
-class TextPerRequest(PromptBuilder):
-    """Given texts, one per request id (what the agreement benchmark does with vllm bench's prompts)."""
-
-    def __init__(self, texts: dict[int, str]) -> None:
-        super().__init__(lambda text: len(text.split()))
-        self.texts = texts
-
-    def build(self, n_tokens: int, salt: int | None = None) -> str:
-        return self.texts[salt or 0]
-
-
 async def test_a_given_prompt_builder_replaces_the_clients_own_prompts() -> None:
-    texts = {1: "first given text", 2: "second given text"}
+    texts = ["zeroth given text", "first given text", "second given text"]
     specs = [RequestSpec(request_id=i, prompt_tokens=64, output_tokens=2) for i in (1, 2)]
     async with FakeOpenAIServer(tokens_per_word=2) as server:
-        backend = UrlBackend(server.base_url, metrics_interval_s=None, prompts=TextPerRequest(texts))
+        backend = UrlBackend(server.base_url, metrics_interval_s=None, prompts=GivenPrompts(texts))
         outcome = await backend.run(LoadPlan(requests=iter(specs)))
         sent = sorted(body["prompt"] for body in server.bodies)
 
-    assert sent == sorted(texts.values())
+    assert sent == ["first given text", "second given text"]  # request id i: text i
     assert outcome.notes["prompt_lengths"] == "tokenizer"  # not recalibrated from the server's /tokenize
 
 

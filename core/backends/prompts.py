@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,24 @@ class PromptBuilder:
             return self.body(n_tokens)
         tag = f"{salt}:"
         return f"{tag} {self.body(n_tokens - self._count(tag))}"
+
+
+class GivenPrompts(PromptBuilder):
+    """Sends given prompt texts instead of building them: request id i gets `texts[i % len(texts)]`.
+
+    For sending another client's exact prompts (benchmarks/client_agreement.py sends `vllm bench serve`'s).
+    The texts' lengths are their own: nothing is estimated or recalibrated from the server's /tokenize.
+    """
+
+    def __init__(self, texts: Sequence[str]) -> None:
+        if not texts:
+            raise ValueError("GivenPrompts needs at least one text")
+        super().__init__()
+        self.tokenizer_aware = True  # exact by construction: no /tokenize calibration
+        self._texts = list(texts)
+
+    def build(self, n_tokens: int, salt: int | None = None) -> str:
+        return self._texts[(salt or 0) % len(self._texts)]
 
 
 def load_token_counter(model_dir: str | Path) -> Callable[[str], int] | None:
