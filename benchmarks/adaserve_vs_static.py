@@ -32,7 +32,7 @@ import numpy as np
 
 from core.backends.sim import SimBackend
 from core.control.adaserve.planner import AdaServePolicy, StaticSpeculationPolicy
-from core.control.policy import Policy
+from core.controller_api import Policy
 from core.metrics import summarize
 from core.metrics.summary import percentiles
 from core.profile import Calibration, Profile, load_calibration, load_profile

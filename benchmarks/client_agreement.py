@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.backends.live import UrlBackend
 from core.backends.prompts import GivenPrompts
 from core.metrics import summarize

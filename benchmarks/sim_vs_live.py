@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from core.backends.base import LoadPlan, RunOutcome
+from core.backend_api import LoadPlan, RunOutcome
 from core.backends.sim import SimBackend
 from core.calibrate.fit import read_calibration
 from core.profile import KnobsSpec, Profile, load_profile

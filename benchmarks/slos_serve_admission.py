@@ -21,7 +21,7 @@ import numpy as np
 
 from core.control.slos_serve.admission import AdmissionPlanner, PlannerSettings, PlanRequest
 from core.profile import load_calibration, load_profile
-from core.sim.perf_model import StepTimeModel
+from core.step_time import StepTimeModel
 
 TIERS_S = (0.05, 0.1)
 TTFT_S = (0.35, 0.374, 0.338)

@@ -33,7 +33,7 @@ from console.screens.help import HelpScreen
 from console.screens.main import TABS, MainScreen
 from console.session import Session
 from console.widgets.process import KnobEditor, KnobsInvalid
-from core.backends.base import Backend, BackendUnavailable
+from core.backend_api import Backend, BackendUnavailable
 from core.backends.load_thread import LoadThread
 from core.events import Event
 from core.jobs import RunOptions, RunResult, run_workload, summary_event

@@ -17,7 +17,7 @@ from textual.css.query import NoMatches
 from console.messages import ServerStateChanged
 from console.widgets.format import knobs_text
 from console.widgets.process import ProcessView
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.profile import KnobsSpec, ProfileError
 
 

@@ -12,7 +12,7 @@ from textual import work
 
 from console.messages import SessionChanged
 from console.widgets.format import knobs_text
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.profile import ProfileError
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.events import Event, make_event, to_json_line
 from core.profile import Profile, ProfileError, load_profile
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.events import EventSink, make_event, null_sink
 from core.jobs import RunOptions, RunResult, run_workload
 from core.metrics import Summary
@@ -34,7 +34,7 @@ class ModeRow:
 
     mode: str
     max_num_seqs: int
-    speculation: str  # how the mode drafts tokens (core/control/policy.Policy.speculation)
+    speculation: str  # how the mode drafts tokens (core/controller_api.Policy.speculation)
     summary: Summary
     wall_s: float
     policy: dict[str, Any] = field(default_factory=dict)

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from core.backend_api import Backend, EngineSample, RunOutcome
 from core.backends.account import client_account
-from core.backends.base import Backend, EngineSample, RunOutcome
 from core.energy import EnergyMeter, EnergyReading, UnavailableMeter, auto_meter
 from core.events import EventSink, make_event
 from core.metrics import Summary, WindowedAggregator, summarize

@@ -7,7 +7,7 @@ import asyncio
 
 from core.backends.sim import SimBackend
 from core.control.adaserve.planner import AdaServePolicy, StaticSpeculationPolicy
-from core.control.policy import Policy
+from core.controller_api import Policy
 from core.metrics import summarize
 from core.profile import Profile, load_calibration, load_profile
 from core.workload import build_load_plan

@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 
 from core.backends.sim import SimBackend, run_to_completion
-from core.control.policy import Policy
+from core.controller_api import Policy
 from core.profile import load_calibration, load_profile
 from core.records import RequestRecord
 from core.workload import build_load_plan

@@ -12,7 +12,7 @@ from core.control.adaserve.live import SCHEDULE_CONFIG_KEY, live_speculation_ext
 from core.control.adaserve.planner import NO_TPOT_PRIORITY, AdaServePolicy
 from core.control.gateway import Gateway
 from core.control.modes import ModeContext, make_policy
-from core.control.policy import Policy
+from core.controller_api import Policy
 from core.profile import AdaServeSpec, load_calibration, load_profile
 from tests.fakeserver import FakeOpenAIServer, StreamReply
 

@@ -13,11 +13,11 @@ from core.backends.sim import SimBackend
 from core.control.adaserve.planner import AdaServePolicy, StaticSpeculationPolicy
 from core.control.adaserve.scheduler import DecodeBatch, TreeScheduler, roofline_budget
 from core.control.modes import MODES
-from core.control.policy import Policy
+from core.controller_api import Policy
 from core.metrics import summarize
 from core.profile import AdaServeSpec, Profile, load_calibration, load_profile
 from core.records import RequestRecord, Status
-from core.sim.perf_model import StepTimeModel
+from core.step_time import StepTimeModel
 from core.workload import build_load_plan
 
 

@@ -23,7 +23,7 @@ from core.control.adaserve.trees import (
     optimal_trees,
     select_trees,
 )
-from core.sim.perf_model import expected_accepted_tokens
+from core.step_time import expected_accepted_tokens
 
 
 def table_draft(table: dict[tuple[int, ...], list[float]]):
@@ -279,7 +279,7 @@ def test_accepted_tokens_follow_theorem_3_1_and_the_explicit_walk() -> None:
 
 def test_a_static_chain_yields_the_engines_expected_tokens() -> None:
     """vLLM-Spec(k) on this model: a k-chain accepts, with the verifier's token, E = (1 - a^(k+1)) / (1 - a),
-    the fast path's per-step expectation (core/sim/perf_model.py)."""
+    the fast path's per-step expectation (core/step_time.py)."""
     rng = np.random.default_rng(1)
     for width in (1, 3, 5):
         shape = candidate_shape(width, 1)

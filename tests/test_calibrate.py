@@ -27,7 +27,7 @@ from core.calibrate.sweep_points import SweepSettings
 from core.calibrate.sweep_targets import SimTarget, cache_facts_from_metrics, kv_tokens_from_log
 from core.profile import Calibration, PerfTerm, load_calibration, load_profile
 from core.records import RequestRecord, RequestSLO
-from core.sim.perf_model import expected_accepted_tokens
+from core.step_time import expected_accepted_tokens
 
 DATA = Path(__file__).parent / "data"
 COEFFICIENTS = ("base_s", "per_token_s", "per_ctx_token_s", "per_spec_step_s", "per_seq_s")

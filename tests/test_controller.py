@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.control.modes import MODES, ModeContext, make_policy
-from core.control.policy import ControlledRequest, HeldQueue, Policy, Release, ReplicaView, Verdict, least_loaded
+from core.controller_api import ControlledRequest, HeldQueue, Policy, Release, ReplicaView, Verdict, least_loaded
 from core.metrics import summarize
 from core.profile import KnobsSpec, ProfileError, SLOSpec, SmoothGoodputSpec, load_calibration, load_profile
 from core.records import RequestSpec, Status

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from core.backends.base import EngineSample
+from core.backend_api import EngineSample
 from core.energy import (
     WINDOW_TOO_SHORT,
     EnergyReading,

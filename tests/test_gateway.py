@@ -29,7 +29,7 @@ from core.control.gateway_protocol import (
     slo_fields,
 )
 from core.control.gateway_upstream import probe_upstreams
-from core.control.policy import ControlledRequest, Policy, ReplicaView, Verdict
+from core.controller_api import ControlledRequest, Policy, ReplicaView, Verdict
 from core.profile import ProfileError, load_profile
 from core.records import RequestSLO, RequestSpec
 from tests.fakeserver import FakeOpenAIServer, StreamReply

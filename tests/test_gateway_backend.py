@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.backends.factory import make_backend
 from core.backends.gateway import GatewayBackend
 from core.backends.live import UrlBackend

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from core.backends.base import LoadPlan, RunOutcome
+from core.backend_api import LoadPlan, RunOutcome
 from core.backends.gateway import GatewayBackend
 from core.backends.vllm import VllmBackend
-from core.control.policy import TIER_HIGH, Policy
 from core.control.saber import SaberPolicy
 from core.control.speed_model import SpeedModel, fit_speed_model, speed_samples
+from core.controller_api import TIER_HIGH, Policy
 from core.profile import KnobsSpec, Profile, ServerSpec
 from core.records import RequestRecord, RequestSLO, RequestSpec
 from core.serve.process_group import group_members

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.backends.base import BackendUnavailable, CallbackObserver, EngineSample, LoadPlan
+from core.backend_api import BackendUnavailable, CallbackObserver, EngineSample, LoadPlan
 from core.backends.live import UrlBackend
 from core.backends.prompts import GivenPrompts
 from core.records import RequestRecord, RequestSpec, Status

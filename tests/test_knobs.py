@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.profile import KnobsSpec, ProfileError, ServerSpec
 from core.serve import knobs as knobs_module
 from core.serve.knobs import (

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.serve.process import (
     ArgvForPort,
     ServerProcess,

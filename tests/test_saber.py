@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from core.control.policy import TIER_HIGH, TIER_LOW, ControlledRequest
 from core.control.saber import REQUIRED_SPEED_KEY, SaberPolicy, required_speed
 from core.control.speed_model import SpeedModel, SpeedSample, fit_all, fit_speed_model, speed_samples
+from core.controller_api import TIER_HIGH, TIER_LOW, ControlledRequest
 from core.records import RequestRecord, RequestSLO, RequestSpec
 
 

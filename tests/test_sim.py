@@ -8,13 +8,13 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.backends.sim import SimBackend
 from core.metrics import Summary, summarize
 from core.profile import Calibration, KnobsSpec, PerfTerm, Profile, load_calibration, load_profile
 from core.records import RequestSLO, RequestSpec, Status
 from core.sim.engine import SimEngine
-from core.sim.perf_model import StepTimeModel, expected_accepted_tokens
+from core.step_time import StepTimeModel, expected_accepted_tokens
 from core.workload import build_load_plan
 
 

@@ -17,7 +17,7 @@ import os
 
 import pytest
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.backends.gateway import GatewayBackend
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec, load_profile

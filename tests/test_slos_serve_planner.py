@@ -7,7 +7,7 @@ import pytest
 from core.control.slos_serve.admission import AdmissionPlanner, PlannerSettings, PlanRequest
 from core.control.slos_serve.batching import DecodeTask, PrefillTask, form_batch, schedule_batches
 from core.control.slos_serve.budget import BudgetModel
-from core.sim.perf_model import StepTimeModel
+from core.step_time import StepTimeModel
 
 # Figure 3's toy system: 6 tokens per time unit whatever the batch (one compute term, no fixed cost).
 SIX_PER_UNIT = StepTimeModel(((0.0, 1 / 6, 0.0, 0.0, 0.0),))

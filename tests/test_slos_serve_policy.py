@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from core.control.modes import ModeContext, make_policy
-from core.control.policy import TIER_BEST_EFFORT, TIER_HIGH, ControlledRequest
 from core.control.slos_serve.policy import SlosServePolicy
+from core.controller_api import TIER_BEST_EFFORT, TIER_HIGH, ControlledRequest
 from core.profile import SlosServeSpec, load_calibration, load_profile
 from core.records import RequestSLO, RequestSpec
 
@@ -160,7 +160,7 @@ def _burst_any(policy, views, n, at, first_id=0):
         req = _request(first_id + i, at)
         verdict = policy.on_arrival(req, at, views)
         if verdict.action == "release":
-            from core.control.policy import Release
+            from core.controller_api import Release
 
             out.append(Release(req, verdict.replica))
     out += policy.release(at + policy.settings.schedule_window_s, views)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.backends.sim import SimBackend
 from core.calibrate.job import run_calibrate
 from core.calibrate.stalls import StallSample, fit_stalls, observe_stalls

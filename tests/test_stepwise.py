@@ -8,13 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.backends.base import LoadPlan
-from core.control.policy import Policy
+from core.backend_api import LoadPlan
+from core.controller_api import Policy
 from core.profile import KnobsSpec, load_profile
 from core.records import RequestSpec
 from core.sim.engine import SimEngine
-from core.sim.perf_model import expected_accepted_tokens
-from core.sim.stepwise import FcfsStepPlanner, draw_accepted
+from core.sim.stepwise import FcfsStepPlanner
+from core.step_planner_api import draw_accepted
+from core.step_time import expected_accepted_tokens
 from tests.sim_fingerprint import records_digest, run_profile
 from tests.test_sim import tiny_calibration
 

@@ -38,7 +38,7 @@ import httpx
 import numpy as np
 import pytest
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec
 from core.records import RequestSpec

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.backends.base import BackendUnavailable, LoadPlan, RunOutcome
+from core.backend_api import BackendUnavailable, LoadPlan, RunOutcome
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec
 from core.records import RequestSpec, Status

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from core.backends.base import RunOutcome
+from core.backend_api import RunOutcome
 from core.records import Status
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from core.backends.base import Backend, BackendUnavailable
+from core.backend_api import Backend, BackendUnavailable
 from core.profile import Profile, ProfileError, load_calibration
 
 BackendKind = Literal["sim", "vllm", "url"]

@@ -19,10 +19,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any
 
-from core.backends.base import LoadPlan, RunObserver, RunOutcome
+from core.backend_api import LoadPlan, RunObserver, RunOutcome
 from core.backends.live import UrlBackend
 from core.control.gateway import Gateway, policy_factory_for
-from core.control.policy import Policy
+from core.controller_api import Policy
 from core.events import EventSink
 from core.profile import Profile
 from core.records import RequestRecord, RequestSpec, Status

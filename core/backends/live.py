@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from core.backends.base import BackendUnavailable, LoadPlan, RunObserver, RunOutcome
+from core.backend_api import BackendUnavailable, LoadPlan, RunObserver, RunOutcome
 from core.backends.http_client import Api, PromptBuilder, StreamingClient, is_loopback, open_load_session
 from core.backends.load_run import LoadRun
 from core.serve.prom import VllmMetrics

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import numpy as np
 
-from core.backends.base import EngineSample, LoadPlan, RunObserver, RunOutcome
+from core.backend_api import EngineSample, LoadPlan, RunObserver, RunOutcome
 from core.backends.http_client import StreamingClient
 from core.records import RequestRecord, RequestSpec, Status
 from core.serve.prom import MetricsUnavailable, VllmMetrics, fetch_metrics

@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from core.backends.base import LoadPlan, RunObserver, RunOutcome
-from core.control.policy import Policy
+from core.backend_api import LoadPlan, RunObserver, RunOutcome
+from core.controller_api import Policy
 from core.profile import Calibration, KnobsSpec
 from core.sim.engine import SimEngine
 

@@ -17,7 +17,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from core.backends.base import BackendUnavailable, LoadPlan, RunObserver, RunOutcome
+from core.backend_api import BackendUnavailable, LoadPlan, RunObserver, RunOutcome
 from core.backends.live import UrlBackend
 from core.profile import KnobsSpec, Profile, ServerSpec
 from core.serve.process import ServerState, StateCallback

@@ -1,6 +1,6 @@
 """Fit the simulator's step-time model to measured engine steps, and write the calibration profile.
 
-The model is the simulator's own (core/sim/perf_model.py, paper 004 sec. 3.1.1, a generalised roofline):
+The model is the simulator's own (core/step_time.py, paper 004 sec. 3.1.1, a generalised roofline):
 
     step_time = max over terms l of (base_l + per_token_l * batched_tokens + per_ctx_token_l * context_tokens
                                      + per_spec_step_l * spec_steps + per_seq_l * sequences)
@@ -35,7 +35,7 @@ import yaml
 from scipy.optimize import brentq, least_squares, lsq_linear
 
 from core.profile import Calibration, PerfTerm, PowerModel, StallModel
-from core.sim.perf_model import expected_accepted_tokens
+from core.step_time import expected_accepted_tokens
 
 # Feature columns of an observation, in PerfTerm's coefficient order.
 COEFFICIENTS = ("base_s", "per_token_s", "per_ctx_token_s", "per_spec_step_s", "per_seq_s")
@@ -98,7 +98,7 @@ class StepFit:
     def step_time(
         self, batched_tokens: float, context_tokens: float, spec_steps: float = 0.0, sequences: float = 1.0
     ) -> float:
-        """The fitted model's step time (the same arithmetic as core/sim/perf_model.py)."""
+        """The fitted model's step time (the same arithmetic as core/step_time.py)."""
         return _step_time(self.terms, batched_tokens, context_tokens, spec_steps, sequences)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.calibrate.fit import (
     FitError,
     StepFit,

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 
-from core.backends.base import RunOutcome
+from core.backend_api import RunOutcome
 from core.calibrate.engine_counters import EngineCounters
 from core.calibrate.fit import StepObservation, robust_cv
 from core.calibrate.stalls import observe_stalls

@@ -44,7 +44,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.calibrate.engine_counters import EngineCounters
 from core.calibrate.fit import StepObservation
 from core.calibrate.stalls import StallSample

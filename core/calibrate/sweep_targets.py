@@ -9,7 +9,7 @@ from typing import Any, Protocol
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.backends.base import LoadPlan, RunOutcome
+from core.backend_api import LoadPlan, RunOutcome
 from core.calibrate.sweep_points import ServerFacts
 from core.profile import Calibration, KnobsSpec
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from core.control.policy import ControlledRequest, HeldQueue, Policy, Release, ReplicaView, Verdict, least_loaded
+from core.controller_api import ControlledRequest, HeldQueue, Policy, Release, ReplicaView, Verdict, least_loaded
 
 
 class ConcurrencyCapPolicy(Policy):

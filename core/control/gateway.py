@@ -40,7 +40,7 @@ from core.control.gateway_protocol import (
     sent_before_s,
 )
 from core.control.gateway_upstream import UpstreamClient, request_headers, response_headers
-from core.control.policy import ControlledRequest, Policy
+from core.controller_api import ControlledRequest, Policy
 from core.events import EventSink
 from core.profile import Profile, ProfileError
 from core.records import RequestSpec

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from core.control.policy import ControlledRequest, Policy, Verdict
+from core.controller_api import ControlledRequest, Policy, Verdict
 from core.events import EventSink, make_event
 from core.profile import Profile, ProfileError
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.control.adaserve.planner import AdaServePolicy
-from core.control.policy import Policy
 from core.control.slos_serve.policy import SlosServePolicy
+from core.controller_api import Policy
 from core.profile import Calibration, Profile, ProfileError
 
 

@@ -37,7 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from core.control.policy import (
+from core.control.speed_drift import SpeedDrift
+from core.control.speed_model import SpeedModel
+from core.controller_api import (
     TIER_HIGH,
     TIER_LOW,
     ControlledRequest,
@@ -47,8 +49,6 @@ from core.control.policy import (
     ReplicaView,
     Verdict,
 )
-from core.control.speed_drift import SpeedDrift
-from core.control.speed_model import SpeedModel
 
 REQUIRED_SPEED_KEY = "saber_required_tps"  # ControlledRequest.state: the speed recorded at admission
 PREDICTED_SPEED_KEY = "saber_predicted_tps"  # ControlledRequest.state: f(L+1) as fitted, at admission

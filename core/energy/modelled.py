@@ -15,7 +15,7 @@ import bisect
 import math
 from collections.abc import Sequence
 
-from core.backends.base import EngineSample
+from core.backend_api import EngineSample
 from core.energy.reading import EnergyReading, unavailable
 from core.profile import PowerModel
 

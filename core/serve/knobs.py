@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.profile import KnobsSpec, ProfileError
 
 # Draft-free speculation methods vLLM accepts in `--speculative-config` ("method"); a draft model needs

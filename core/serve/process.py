@@ -39,7 +39,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO
 
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.serve import registry
 from core.serve.process_group import group_members, signal_group, wait_group_gone
 from core.serve.server_log import LOG_TAIL_LINES, read_log_tail, telling_log_line

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from core.backends.base import EngineSample
+from core.backend_api import EngineSample
 
 # Wire names. Each tuple lists the current name first, then names older vLLMs used for the same thing.
 RUNNING = ("vllm:num_requests_running",)

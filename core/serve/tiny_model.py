@@ -24,7 +24,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.backends.base import BackendUnavailable
+from core.backend_api import BackendUnavailable
 from core.serve.knobs import cache_root
 
 BUILTIN_PREFIX = "builtin:"

@@ -10,7 +10,7 @@ import math
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.records import RequestSpec
 
 # (spec, time it leaves the client, time latency is measured from)

@@ -2,7 +2,7 @@
 
 - clients.py decides when requests leave the client (open loop with an optional in-flight cap, or closed
   loop with think time);
-- the controller hands each request to the run's `Policy` (core/control/policy.py): released to a replica,
+- the controller hands each request to the run's `Policy` (core/controller_api.py): released to a replica,
   held in one of its tiers, or rejected; after every arrival and every completion it asks the policy which
   held requests to release now;
 - replica.py models each engine (continuous batching, chunked prefill, KV cache, speculation, roofline step
@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from core.backends.base import EngineSample, LoadPlan
-from core.control.policy import ControlledRequest, Policy
+from core.backend_api import EngineSample, LoadPlan
+from core.controller_api import ControlledRequest, Policy
 from core.profile import Calibration, KnobsSpec
 from core.records import RequestRecord, RequestSpec, Status
 from core.sim.clients import ClientDriver
@@ -36,7 +36,7 @@ TIER_FAST_PATH = "high"  # fcfs serves everything from one tier
 
 
 class SimReplicaView:
-    """What a policy sees of one simulated replica (core/control/policy.ReplicaView)."""
+    """What a policy sees of one simulated replica (core/controller_api.ReplicaView)."""
 
     __slots__ = ("_replica", "in_flight", "index")
 

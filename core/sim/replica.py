@@ -13,7 +13,7 @@ What it models (vLLM V1's scheduler, simplified):
 - speculative decoding: each decoding request verifies `width` drafted tokens per step and emits
   E = (1 - a^(k+1)) / (1 - a) tokens on average; the draft's sequential passes cost `spec_steps` in the
   step-time model and the verifier processes k+1 positions per request;
-- step time from the roofline model (perf_model.py) times lognormal noise.
+- step time from the roofline model (core/step_time.py) times lognormal noise.
 
 Why it is fast: the cost per engine step is O(1) in the batch size. A decoding request's finish step is
 known when it starts decoding (it emits a fixed number of tokens per step), so completions come off a heap
@@ -39,7 +39,7 @@ import numpy as np
 
 from core.profile import Calibration, KnobsSpec, StallModel
 from core.records import RequestSpec
-from core.sim.perf_model import StepTimeModel, expected_accepted_tokens
+from core.step_time import StepTimeModel, expected_accepted_tokens
 
 NOISE_BLOCK = 65536
 INITIAL_STEPS = 1 << 16
@@ -90,7 +90,7 @@ class SimRequest:
     alive: bool = True  # False once preempted out of the decode heap (lazy heap deletion)
     sent_s: float = 0.0  # when it actually left the client
     dispatched_s: float = 0.0  # when the controller released it to this replica
-    # The controller's handle (core/control/policy.ControlledRequest); None on the fcfs fast path.
+    # The controller's handle (core/controller_api.ControlledRequest); None on the fcfs fast path.
     controlled: Any = None
     tier: str | None = None
 

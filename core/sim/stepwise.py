@@ -21,92 +21,12 @@ planner that batches like vLLM reproduces the fast path's timelines (tests/test_
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from core.profile import Calibration, KnobsSpec
 from core.sim.replica import CompletionCallback, EngineReplica, SimRequest
-
-
-@dataclass(slots=True, eq=False)
-class StepRequest:
-    """A request inside a planner-driven replica, with its token timeline so far (kept across preemption)."""
-
-    req: SimRequest
-    prompt_left: int  # prompt (and, after a preemption, recomputed output) tokens still to prefill
-    out_left: int  # output tokens still to produce
-    acceptance: float = 0.0  # this request's per-token draft acceptance rate (drawn when it arrives)
-    context: int = 0  # KV tokens held (block-rounded at admission, then +1 per emitted token)
-    admitted_order: int = -1
-    decoding: bool = False
-    run_tokens: int = 0  # tokens decoded in this run after its prefill (KV growth, not block-rounded)
-    chunk_times: list[float] = field(default_factory=list)
-    chunk_tokens: list[int] = field(default_factory=list)
-
-    @property
-    def generated(self) -> int:
-        """Output tokens streamed so far."""
-        return self.req.spec.output_tokens - self.out_left
-
-    @property
-    def spec(self):  # type: ignore[no-untyped-def]
-        return self.req.spec
-
-
-@dataclass(slots=True)
-class BatchPlan:
-    """One step's batch. `prefill` holds (request, prompt tokens this step) for requests already prefilling
-    and, after them, requests to admit from the queue (in the order to try; admission stops at the first one
-    whose KV cache does not fit, as vLLM's does). `decode` holds (decoding request, positions verified)."""
-
-    prefill: list[tuple[StepRequest, int]] = field(default_factory=list)
-    decode: list[tuple[StepRequest, int]] = field(default_factory=list)
-    spec_steps: int = 0  # the draft model's sequential passes this step (a term of the step-time model)
-
-
-class StepPlanner(Protocol):
-    """Forms each batch of one replica (see the module docstring)."""
-
-    #: Draw each request's acceptance rate on arrival even when the knobs turn speculation off.
-    wants_acceptance: bool
-
-    def plan(self, replica: StepwiseReplica, now: float) -> BatchPlan: ...
-
-    def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
-        """Tokens `request` emits after verifying `verified` positions (1..verified)."""
-        ...
-
-
-def draw_accepted(rng: np.random.Generator, acceptance: float, drafted: int) -> int:
-    """Left-to-right verification of `drafted` tokens at per-token acceptance `acceptance`: the accepted
-    prefix plus the token the target model adds itself."""
-    emitted = 1
-    while emitted <= drafted and rng.random() < acceptance:
-        emitted += 1
-    return emitted
-
-
-def plan_fcfs_prefill(replica: StepwiseReplica, batch: BatchPlan, budget: int) -> None:
-    """vLLM's chunked prefill with the `budget` tokens the decodes leave: running prefills first, then FCFS
-    admission within max_num_seqs (whole prompts only without chunked prefill)."""
-    for r in replica.prefilling:
-        if budget <= 0:
-            return
-        chunk = min(r.prompt_left, budget)
-        batch.prefill.append((r, chunk))
-        budget -= chunk
-    seqs = replica.running
-    for r in replica.waiting:
-        if budget <= 0 or seqs >= replica.max_seqs:
-            return
-        chunk = min(r.prompt_left, budget)
-        if chunk < r.prompt_left and not replica.chunked:
-            return
-        batch.prefill.append((r, chunk))
-        budget -= chunk
-        seqs += 1
+from core.step_planner_api import BatchPlan, StepPlanner, StepRequest, draw_accepted, plan_fcfs_prefill
 
 
 class FcfsStepPlanner:

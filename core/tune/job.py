@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from core.backends.base import Backend
+from core.backend_api import Backend
 from core.events import EventSink, make_event
 from core.profile import ClosedLoopArrival, Profile, ProfileError, TunerSpec, load_calibration, profile_hash
 from core.tune.evaluator import Evaluator

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from core.backends.base import Backend, BackendUnavailable, LoadPlan, RunOutcome
+from core.backend_api import Backend, BackendUnavailable, LoadPlan, RunOutcome
 from core.metrics import Summary, summarize
 from core.profile import Calibration, Profile, ProfileError, TunerSpec
 from core.tune.knobspace import Point

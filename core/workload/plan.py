@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.profile import (
     ClosedLoopArrival,
     Profile,

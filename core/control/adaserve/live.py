@@ -15,7 +15,7 @@ from __future__ import annotations
 from core.control.adaserve.scheduler import roofline_budget
 from core.control.adaserve.trees import adaptive_shape
 from core.profile import AdaServeSpec, Calibration, Profile, load_calibration
-from core.sim.perf_model import StepTimeModel
+from core.step_time import StepTimeModel
 
 SCHEDULE_CONFIG_KEY = "num_speculative_tokens_per_batch_size"
 

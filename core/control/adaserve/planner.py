@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from core.control.adaserve.scheduler import AcceptanceRun, DecodeBatch, StaticScheduler, TreeScheduler, draw_run
-from core.control.policy import ControlledRequest, Policy
+from core.controller_api import ControlledRequest, Policy
 from core.profile import AdaServeSpec, Calibration, KnobsSpec
-from core.sim.perf_model import StepTimeModel
-from core.sim.stepwise import BatchPlan, plan_fcfs_prefill
-
-if TYPE_CHECKING:
-    from core.sim.stepwise import StepRequest, StepwiseReplica
+from core.step_planner_api import BatchPlan, StepReplicaView, StepRequest, plan_fcfs_prefill
+from core.step_time import StepTimeModel
 
 Scheduler = TreeScheduler | StaticScheduler
 NO_TPOT_PRIORITY = 1_000_000  # vLLM priority of a request without a TPOT SLO: after every one that has one
@@ -41,7 +38,7 @@ class _Tracked:
 
 
 class TreePlanner:
-    """A `StepPlanner` (core/sim/stepwise.py) around a per-step decode scheduler."""
+    """A `StepPlanner` (core/step_planner_api.py) around a per-step decode scheduler."""
 
     wants_acceptance = True
 
@@ -53,7 +50,7 @@ class TreePlanner:
         self._tracked: dict[StepRequest, _Tracked] = {}
         self._emitted: dict[StepRequest, int] = {}
 
-    def plan(self, replica: StepwiseReplica, now: float) -> BatchPlan:
+    def plan(self, replica: StepReplicaView, now: float) -> BatchPlan:
         decoding = replica.decoding
         batch = BatchPlan()
         verified = 0
@@ -116,7 +113,7 @@ class TreePlanner:
         run.next += 1
         return run
 
-    def _decode_batch(self, replica: StepwiseReplica, now: float) -> DecodeBatch:
+    def _decode_batch(self, replica: StepReplicaView, now: float) -> DecodeBatch:
         decoding = replica.decoding
         n = len(decoding)
         budget, spec_steps = self.scheduler.planned(n, replica.kv_used)
@@ -154,7 +151,7 @@ class TreePlanner:
         return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run)
 
     @staticmethod
-    def _prefill_tokens(replica: StepwiseReplica, room: int) -> int:
+    def _prefill_tokens(replica: StepReplicaView, room: int) -> int:
         """Prompt tokens pending in the replica, up to `room` (what a step could prefill)."""
         pending = 0
         for queue in (replica.prefilling, replica.waiting):

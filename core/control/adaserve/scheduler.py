@@ -27,7 +27,7 @@ from core.control.adaserve.speculation import (
 )
 from core.control.adaserve.trees import adaptive_shape
 from core.profile import AdaServeSpec
-from core.sim.perf_model import StepTimeModel
+from core.step_time import StepTimeModel
 
 
 def roofline_budget(model: StepTimeModel, context_tokens: float = 0.0, sequences: int = 1) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.control.slos_serve.budget import BudgetModel
-from core.sim.perf_model import StepTimeModel
+from core.step_time import StepTimeModel
 
 EPSILON = 1e-6  # tokens: rounding slack in budget comparisons
 

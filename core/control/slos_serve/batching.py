@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from core.control.slos_serve.budget import BudgetModel
-from core.sim.perf_model import expected_accepted_tokens
+from core.step_time import expected_accepted_tokens
 
 
 @dataclass(slots=True)

@@ -1,7 +1,7 @@
 """How many tokens per second a replica can give to prefill while it keeps its decodes on their TPOT SLOs.
 
 This is the supply side of SLOs-Serve's planner (paper 004):
-- the step time of a batch comes from the calibrated roofline model (sec. 3.1.1; core/sim/perf_model.py,
+- the step time of a batch comes from the calibrated roofline model (sec. 3.1.1; core/step_time.py,
   fitted by `--job calibrate`), inverted into "how many tokens fit in a batch of this duration" (Time2BS);
 - without speculation the tightest TPOT among the decoding tiers sets the batch duration (Algorithm 2,
   sec. 3.2.2): every batch must hand each of those requests a token in time, and the batch takes as many
@@ -20,7 +20,7 @@ import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.sim.perf_model import StepTimeModel, expected_accepted_tokens
+from core.step_time import StepTimeModel, expected_accepted_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,11 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from core.control.policy import (
+from core.control.slos_serve.admission import AdmissionPlanner, PlannerSettings, PlanRequest
+from core.control.slos_serve.budget import BudgetModel
+from core.control.slos_serve.stepping import SlosServeStepPlanner
+from core.control.slos_serve.virtual import Tracked, VirtualReplica
+from core.controller_api import (
     TIER_BEST_EFFORT,
     TIER_HIGH,
     ControlledRequest,
@@ -31,12 +35,8 @@ from core.control.policy import (
     ReplicaView,
     Verdict,
 )
-from core.control.slos_serve.admission import AdmissionPlanner, PlannerSettings, PlanRequest
-from core.control.slos_serve.budget import BudgetModel
-from core.control.slos_serve.stepping import SlosServeStepPlanner
-from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.profile import Calibration, KnobsSpec, SlosServeSpec
-from core.sim.perf_model import StepTimeModel
+from core.step_time import StepTimeModel
 
 PLAN_MARGIN = 0.9  # share of the TTFT SLO the plan promises the first token in
 WINDOW_SHARE_OF_TTFT = 0.02  # an arrival waits for the scheduler at most this share of its TTFT SLO

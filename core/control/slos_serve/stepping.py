@@ -1,4 +1,4 @@
-"""SLOs-Serve inside the simulator's engine: the replica's `StepPlanner` (core/sim/stepwise.py).
+"""SLOs-Serve inside the simulator's engine: the replica's `StepPlanner` (core/step_planner_api.py).
 
 Each engine step it forms the batch with Algorithm 2 (batching.form_batch): the tightest TPOT among the
 requests decoding sets the batch time and so the batch size; decode tokens go earliest-deadline-first to
@@ -23,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from core.control.policy import TIER_BEST_EFFORT
 from core.control.slos_serve.admission import PlannerSettings, tier_list
 from core.control.slos_serve.batching import DecodeTask, PrefillTask, form_batch
 from core.control.slos_serve.budget import BudgetModel
 from core.control.slos_serve.virtual import VirtualReplica
-from core.sim.perf_model import StepTimeModel
+from core.controller_api import TIER_BEST_EFFORT
+from core.step_planner_api import BatchPlan, draw_accepted
+from core.step_time import StepTimeModel
 
 # The engine paces decodes at this share of their TPOT SLO: step times are noisy (the calibration's noise_cv)
 # and a request at exactly its pace misses its SLO on the first slow step.
@@ -62,8 +63,6 @@ class SlosServeStepPlanner:
         return deadline, tpot, req.tier == TIER_BEST_EFFORT
 
     def plan(self, replica: Any, now: float) -> Any:
-        from core.sim.stepwise import BatchPlan
-
         self.replica = replica
         decodes: list[DecodeTask] = []
         by_id: dict[int, Any] = {}
@@ -132,8 +131,6 @@ class SlosServeStepPlanner:
         return plan
 
     def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
-        from core.sim.stepwise import draw_accepted
-
         return draw_accepted(rng, request.acceptance, verified - 1)
 
     def sync(self, virtual: VirtualReplica) -> None:

@@ -1,6 +1,6 @@
 """The controller seam: what every scheduling mode decides, in the simulator and in front of live servers.
 
-A scheduling mode is a `Policy`. The controller in front of the engine replicas (core/sim/simulation.py in
+A scheduling mode is a `Policy`. The controller in front of the engine replicas (core/sim/engine.py in
 virtual time, core/control/gateway.py in wall time) hands it each arriving request and asks it, after every
 event (arrival, completion, timer), which held requests to release to which replica. The policy sees the
 replicas only through `ReplicaView`: what the controller itself knows (the requests it released there and
@@ -8,7 +8,7 @@ has not seen finish) plus what the engine reports (queue, KV use). It never touc
 the same policy object runs against the simulator and against real vLLM servers.
 
 Engine-level decisions (how a replica forms each batch, per-request speculation) are a second seam, the
-replica's `StepPlanner` (core/sim/stepwise.py); a mode that needs one (SLOs-Serve's batch formation,
+replica's `StepPlanner` (core/step_planner_api.py); a mode that needs one (SLOs-Serve's batch formation,
 AdaServe's token trees) provides it through `Policy.step_planner`.
 
 Decisions and their accounting (every request ends as exactly one record):
@@ -16,6 +16,12 @@ Decisions and their accounting (every request ends as exactly one record):
 - rejected (`Verdict.reject`): a record with status `rejected` and the reason (HTTP 429 in the gateway);
 - held (`Verdict.hold`): in the policy's queue (a high tier or a best-effort tier) until `release` lets it go;
   a request still held when the run ends becomes a `deferred` record.
+
+Why this module sits in the bottom layer and not in core/control: the simulator's engine (core/sim/engine.py)
+drives a `Policy` and runs plain `Policy()` (fcfs) when no mode is given, while the modes in core/control
+implement it. With the seam here the simulator never imports core/control and core/control never imports
+core/sim; both import only this module, core/step_planner_api.py and core/step_time.py below them. The shared
+building blocks of modes (`least_loaded`, `HeldQueue`) stay with the types they work on.
 """
 
 from __future__ import annotations
@@ -155,7 +161,7 @@ class Policy:
         return "off" if width == 0 else f"chain of {width}"
 
     def step_planner(self, replica_index: int) -> Any | None:
-        """The replica-level batch planner this mode needs (core/sim/stepwise.StepPlanner), or None for the
+        """The replica-level batch planner this mode needs (core/step_planner_api.StepPlanner), or None for the
         engine's own FCFS batching (the fast path)."""
         return None
 

@@ -7,6 +7,10 @@ Each term is one bottleneck: weight streaming (memory-bound, a constant per step
 tokens in the batch), the draft model's sequential proposal passes, and attention reading the KV cache
 (grows with the context held by the batch; an addition to the paper's form, which matters for long contexts
 at high batch). The max picks whichever resource limits the step, assuming the rest overlaps with it.
+
+It sits in the bottom layer, not in core/sim: the simulator prices each step with it and the scheduling modes
+in core/control plan with the same model (SLOs-Serve's budget, AdaServe's trees), and neither of those two
+packages imports the other.
 """
 
 from __future__ import annotations

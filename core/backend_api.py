@@ -4,6 +4,10 @@ The simulator and live servers both implement `Backend`, so metrics, tuner, poli
 console never care which world they run in. A backend drives the whole load plan (open-loop arrivals or
 closed-loop clients) because how clients wait differs between worlds: the simulator advances a virtual
 clock, a live backend awaits real HTTP streams.
+
+This is the bottom layer (it imports only core/records.py): the simulator, the workload builder, the server
+manager and the energy meters all speak these types, and none of them may import the backends package
+above them (the layers are checked by `lint-imports`, see pyproject.toml).
 """
 
 from __future__ import annotations

@@ -1,0 +1,136 @@
+"""The step-planner seam: what a planner-driven engine replica hands a scheduling mode each step, and what it
+gets back (the replica itself is core/sim/stepwise.py; the modes' planners are core/control/slos_serve/
+stepping.py and core/control/adaserve/policy.py).
+
+It sits in the bottom layer, beside the controller seam (core/controller_api.py), because both sides use it:
+the simulator's replica calls a `StepPlanner` and the control package implements one. Kept inside core/sim,
+control would have to import the simulator, and the simulator already calls control's policies; here neither
+imports the other. The planner sees the replica only through `StepReplicaView` (the fields of
+`StepwiseReplica` it reads), so a planner never reaches into the simulator's internals.
+
+`plan_fcfs_prefill` and `draw_accepted` are here too: vLLM's FCFS chunked prefill and left-to-right draft
+verification are the building blocks every planner shares (the simulator's own `FcfsStepPlanner` and
+AdaServe's), one definition each.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from core.records import RequestSpec
+from core.step_time import StepTimeModel
+
+
+class PlannedRequest(Protocol):
+    """The simulator's request as a planner may see it (core/sim/replica.SimRequest)."""
+
+    spec: RequestSpec
+    latency_from_s: float  # when its latency clock started (its record's arrival_s)
+    preemptions: int
+    controlled: Any  # the controller's handle (core/controller_api.ControlledRequest); None on the fast path
+    tier: str | None
+
+
+@dataclass(slots=True, eq=False)
+class StepRequest:
+    """A request inside a planner-driven replica, with its token timeline so far (kept across preemption)."""
+
+    req: PlannedRequest  # the simulator's request (core/sim/replica.SimRequest)
+    prompt_left: int  # prompt (and, after a preemption, recomputed output) tokens still to prefill
+    out_left: int  # output tokens still to produce
+    acceptance: float = 0.0  # this request's per-token draft acceptance rate (drawn when it arrives)
+    context: int = 0  # KV tokens held (block-rounded at admission, then +1 per emitted token)
+    admitted_order: int = -1
+    decoding: bool = False
+    run_tokens: int = 0  # tokens decoded in this run after its prefill (KV growth, not block-rounded)
+    chunk_times: list[float] = field(default_factory=list)
+    chunk_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def generated(self) -> int:
+        """Output tokens streamed so far."""
+        return self.req.spec.output_tokens - self.out_left
+
+    @property
+    def spec(self):  # type: ignore[no-untyped-def]
+        return self.req.spec
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """One step's batch. `prefill` holds (request, prompt tokens this step) for requests already prefilling
+    and, after them, requests to admit from the queue (in the order to try; admission stops at the first one
+    whose KV cache does not fit, as vLLM's does). `decode` holds (decoding request, positions verified)."""
+
+    prefill: list[tuple[StepRequest, int]] = field(default_factory=list)
+    decode: list[tuple[StepRequest, int]] = field(default_factory=list)
+    spec_steps: int = 0  # the draft model's sequential passes this step (a term of the step-time model)
+
+
+class StepReplicaView(Protocol):
+    """What a step planner may read of its replica (core/sim/stepwise.StepwiseReplica)."""
+
+    index: int
+    model: StepTimeModel  # the replica's step-time model (the same one that prices each step)
+    width: int  # speculation width the knobs set (0: off)
+    max_seqs: int
+    token_budget: int
+    chunked: bool
+    block: int
+    kv_capacity: int
+    kv_used: float
+    waiting: deque[StepRequest]
+    prefilling: list[StepRequest]
+    decoding: list[StepRequest]
+
+    @property
+    def running(self) -> int:
+        """Requests admitted (prefilling or decoding)."""
+        ...
+
+
+class StepPlanner(Protocol):
+    """Forms each batch of one replica (see the module docstring)."""
+
+    #: Draw each request's acceptance rate on arrival even when the knobs turn speculation off.
+    wants_acceptance: bool
+
+    def plan(self, replica: StepReplicaView, now: float) -> BatchPlan: ...
+
+    def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
+        """Tokens `request` emits after verifying `verified` positions (1..verified)."""
+        ...
+
+
+def draw_accepted(rng: np.random.Generator, acceptance: float, drafted: int) -> int:
+    """Left-to-right verification of `drafted` tokens at per-token acceptance `acceptance`: the accepted
+    prefix plus the token the target model adds itself."""
+    emitted = 1
+    while emitted <= drafted and rng.random() < acceptance:
+        emitted += 1
+    return emitted
+
+
+def plan_fcfs_prefill(replica: StepReplicaView, batch: BatchPlan, budget: int) -> None:
+    """vLLM's chunked prefill with the `budget` tokens the decodes leave: running prefills first, then FCFS
+    admission within max_num_seqs (whole prompts only without chunked prefill)."""
+    for r in replica.prefilling:
+        if budget <= 0:
+            return
+        chunk = min(r.prompt_left, budget)
+        batch.prefill.append((r, chunk))
+        budget -= chunk
+    seqs = replica.running
+    for r in replica.waiting:
+        if budget <= 0 or seqs >= replica.max_seqs:
+            return
+        chunk = min(r.prompt_left, budget)
+        if chunk < r.prompt_left and not replica.chunked:
+            return
+        batch.prefill.append((r, chunk))
+        budget -= chunk
+        seqs += 1
