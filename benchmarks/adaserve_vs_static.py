@@ -31,7 +31,7 @@ from functools import partial
 import numpy as np
 
 from core.backends.sim import SimBackend
-from core.control.adaserve.planner import AdaServePolicy, StaticSpeculationPolicy
+from core.control.adaserve.policy import AdaServePolicy, StaticSpeculationPolicy
 from core.controller_api import Policy
 from core.metrics import summarize
 from core.metrics.summary import percentiles

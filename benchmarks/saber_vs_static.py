@@ -7,7 +7,7 @@ three seeds; static baselines are fcfs at max_num_seqs 10, 20, ..., 100 and the 
 runs with the profile's `saber:` settings; it replaces the static batch size (sec. I, IV-A), so the engine
 under it keeps only the hardware's own limit, the largest cap of the sweep (100: the paper's GPU memory held
 no more, sec. III-B), not the profile's max_num_seqs. Its f(L) comes from its own offline
-profiling runs (core/control/speed_model.py), never from the calibration's parameters.
+profiling runs (core/control/saber/speed_model.py), never from the calibration's parameters.
 
 Heavy load is HEAVY_RPS = 20, the paper's heavy-load rate (sec. V-C), chosen before any measurement.
 
@@ -50,9 +50,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core.compare import run_mode, with_cap
-from core.control.speed_model import offline_phase
+from core.control.saber.speed_model import offline_phase
 from core.jobs import RunOptions, RunResult
 from core.profile import PoissonArrival, Profile, SLOSpec, load_calibration, load_profile
+from core.sim.engine import simulate
 
 WORKLOADS = ("saber-w1", "saber-w2", "saber-w3")
 RATES = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0)
@@ -217,7 +218,7 @@ async def sweep_workload(
         print(
             f"\n{name}: SLAs derived at 10 RPS: " + ", ".join(f"{t.name} {t.slo.e2e_s} s" for t in base.workload.tasks)
         )
-    speeds = offline_phase(base, load_calibration(base), loads=base.saber.profile_loads, seed=0)
+    speeds = offline_phase(base, load_calibration(base), simulate, loads=base.saber.profile_loads, seed=0)
     fits = ", ".join(f"{kind} R² {model.r2:.3f}" for kind, model in speeds.models.items())
     usl = speeds.models["usl"]
     print(f"\n{name}: offline phase: {len(speeds.samples)} load-speed points; {fits}")

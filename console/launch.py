@@ -36,7 +36,7 @@ def create_app(
     """
     loaded = profile if isinstance(profile, Profile) else load_profile(profile)
     if mode is not None:
-        from core.control.modes import MODES
+        from core.modes import MODES
 
         if mode not in MODES:
             raise ProfileError(f"--mode {mode}: not available; choose one of: {', '.join(MODES)}")

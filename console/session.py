@@ -18,7 +18,7 @@ HISTORY_POINTS = 1500  # points kept per time series (a long run scrolls; plots 
 RECENT_EVENTS = 60  # event lines kept for the process tab's feed (the batch runner's JSON Lines)
 
 SEGMENTS_PER_TUNE_STEP = 8  # the hill-climb's accounting: the current point and up to 7 neighbours
-# What the operator reads as the scheduling mode (core/control/modes.py). fcfs is vLLM's own scheduler.
+# What the operator reads as the scheduling mode (core/modes.py). fcfs is vLLM's own scheduler.
 MODE_LABELS = {"fcfs": "fcfs (vLLM default)", "priority": "priority (vLLM)"}
 # The figures the Modes tab compares, per mode (the fields of a `compare_row` event, or a run's summary).
 MODE_ROW_FIELDS = (
@@ -157,7 +157,7 @@ class Session:
     tune: TuneState = field(default_factory=TuneState)
     series: dict[str, Series] = field(default_factory=dict)
     recent: deque[str] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
-    scheduling_mode: str = "fcfs"  # the controller's mode (core/control/modes.py) the next run uses
+    scheduling_mode: str = "fcfs"  # the controller's mode (core/modes.py) the next run uses
     # The Modes tab's table: mode -> figures, with "source" saying where they came from ("compare": the
     # compare job on identical seeded arrivals; "run": this console's last finished run in that mode).
     mode_rows: dict[str, dict[str, Any]] = field(default_factory=dict)

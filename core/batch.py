@@ -42,7 +42,7 @@ class BatchArgs:
     out: Path | None = None
     argv: list[str] | None = None
     resume: bool = False  # --job tune: continue the journal in --out instead of starting a new one
-    mode: str | None = None  # --mode: the scheduling mode (core/control/modes.py); None: the profile's `mode`
+    mode: str | None = None  # --mode: the scheduling mode (core/modes.py); None: the profile's `mode`
 
 
 class EventWriter:
@@ -198,7 +198,7 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
 
 def _apply_mode(args: BatchArgs, profile: Profile) -> Profile:
     """--mode overrides the profile's `mode`; an unknown name (either place) is a usage error (exit 2)."""
-    from core.control.modes import MODES
+    from core.modes import MODES
 
     name = args.mode if args.mode is not None else profile.mode
     if name not in MODES:

@@ -163,8 +163,8 @@ async def run_capacity(
     rel_tol: float = 0.03,
     sink: EventSink = null_sink,
 ) -> list[CapacityResult]:
-    """Every mode's capacity (default: all of core/control/modes.py `MODES`), on the same seeded workload."""
-    from core.control.modes import MODES
+    """Every mode's capacity (default: all of core/modes.py `MODES`), on the same seeded workload."""
+    from core.modes import MODES
 
     names = list(MODES) if modes is None else list(modes)
     for name in names:

@@ -1,6 +1,6 @@
 """`--job compare`: every scheduling mode on identical seeded arrivals, one row per mode.
 
-Each mode in core/control/modes.py `MODES` serves the profile's workload on the simulator with the same seed
+Each mode in core/modes.py `MODES` serves the profile's workload on the simulator with the same seed
 (so the same requests arrive at the same times), under the profile's knobs. One more row is the baseline
 SABER's paper measures itself against (paper 001 sec. III-B, V): `fcfs-best-static`, plain FCFS at the
 static `max_num_seqs` that a sweep over `saber.static_caps` found best for this workload and rate (best =
@@ -116,7 +116,7 @@ async def run_compare(
     sink: EventSink = null_sink,
 ) -> CompareResult:
     """Run every mode (default: all of `MODES`) and the best static cap on the same seeded arrivals."""
-    from core.control.modes import MODES
+    from core.modes import MODES
 
     names = list(MODES) if modes is None else list(modes)
     unknown = [name for name in names if name not in MODES and name != BEST_STATIC]

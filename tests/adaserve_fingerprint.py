@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from core.backends.sim import SimBackend
-from core.control.adaserve.planner import AdaServePolicy, StaticSpeculationPolicy
+from core.control.adaserve.policy import AdaServePolicy, StaticSpeculationPolicy
 from core.controller_api import Policy
 from core.metrics import summarize
 from core.profile import Profile, load_calibration, load_profile

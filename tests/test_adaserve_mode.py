@@ -10,11 +10,11 @@ import pytest
 
 from core.backends.factory import make_backend
 from core.backends.sim import SimBackend
-from core.control.adaserve.planner import AdaServePolicy, StaticSpeculationPolicy
+from core.control.adaserve.policy import AdaServePolicy, StaticSpeculationPolicy
 from core.control.adaserve.scheduler import DecodeBatch, TreeScheduler, roofline_budget
-from core.control.modes import MODES
 from core.controller_api import Policy
 from core.metrics import summarize
+from core.modes import MODES
 from core.profile import AdaServeSpec, Profile, load_calibration, load_profile
 from core.records import RequestRecord, Status
 from core.step_time import StepTimeModel

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from core.compare import BEST_STATIC, compare_summary_event, format_table, run_compare
-from core.control.modes import MODES
+from core.modes import MODES
 from core.profile import load_profile
 
 REPO = Path(__file__).resolve().parent.parent

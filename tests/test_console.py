@@ -23,9 +23,9 @@ from console.session import Session
 from console.widgets.kpi import KpiTile
 from core.backends.gateway import GatewayBackend
 from core.backends.sim import SimBackend
-from core.control.modes import MODES
 from core.events import make_event
 from core.jobs import summary_event
+from core.modes import MODES
 from core.profile import Profile, TunerSpec, load_calibration, load_profile
 from tests.fakeserver import FakeOpenAIServer, StreamReply
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from core.backend_api import LoadPlan
-from core.control.modes import MODES, ModeContext, make_policy
 from core.controller_api import ControlledRequest, HeldQueue, Policy, Release, ReplicaView, Verdict, least_loaded
 from core.metrics import summarize
+from core.modes import MODES, ModeContext, make_policy
 from core.profile import KnobsSpec, ProfileError, SLOSpec, SmoothGoodputSpec, load_calibration, load_profile
 from core.records import RequestSpec, Status
 from core.sim.engine import SimEngine

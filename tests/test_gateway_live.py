@@ -41,8 +41,8 @@ import pytest
 from core.backend_api import LoadPlan, RunOutcome
 from core.backends.gateway import GatewayBackend
 from core.backends.vllm import VllmBackend
-from core.control.saber import SaberPolicy
-from core.control.speed_model import SpeedModel, fit_speed_model, speed_samples
+from core.control.saber.policy import SaberPolicy
+from core.control.saber.speed_model import SpeedModel, fit_speed_model, speed_samples
 from core.controller_api import TIER_HIGH, Policy
 from core.profile import KnobsSpec, Profile, ServerSpec
 from core.records import RequestRecord, RequestSLO, RequestSpec
@@ -310,7 +310,7 @@ async def compare_modes(backend: GatewayBackend) -> dict[str, ModeResult]:
         # requests timed out connecting): the run said nothing about fcfs, so it is taken again.
         if overloaded(fcfs) and delivered(fcfs):
             break
-    # With drift correction (core/control/speed_drift.py): the shared machine's speed swings between the
+    # With drift correction (core/control/saber/speed_drift.py): the shared machine's speed swings between the
     # profiling and this run (the same 8-client point measured 6.7 and 8.3 req/s minutes apart), and SABER,
     # admitting at the edge of each SLA, admits requests that then miss unless f(L) follows the engine.
     # The correction learns from completions, so a SABER that has just started admits its first requests at

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from core.control.saber import REQUIRED_SPEED_KEY, SaberPolicy, required_speed
-from core.control.speed_model import SpeedModel, SpeedSample, fit_all, fit_speed_model, speed_samples
+from core.control.saber.policy import REQUIRED_SPEED_KEY, SaberPolicy, required_speed
+from core.control.saber.speed_model import SpeedModel, SpeedSample, fit_all, fit_speed_model, speed_samples
 from core.controller_api import TIER_HIGH, TIER_LOW, ControlledRequest
 from core.records import RequestRecord, RequestSLO, RequestSpec
 
@@ -280,11 +280,12 @@ def test_offered_load_feasibility_demotes_what_only_a_near_idle_engine_could_ser
 
 
 def test_offline_phase_profiles_about_a_thousand_points_and_usl_fits_best() -> None:
-    from core.control.speed_model import offline_phase
+    from core.control.saber.speed_model import offline_phase
     from core.profile import load_calibration, load_profile
+    from core.sim.engine import simulate
 
     profile = load_profile("saber-w3")
-    speeds = offline_phase(profile, load_calibration(profile))
+    speeds = offline_phase(profile, load_calibration(profile), simulate)
     assert 900 <= len(speeds.samples) <= 1100
     loads = np.array([s.load for s in speeds.samples])
     assert loads.min() < 1.5 and loads.max() > 80  # the sweep spans the concurrency range
@@ -328,14 +329,15 @@ def test_drift_correction_keeps_the_promises_on_an_engine_slower_than_profiled()
     import asyncio
 
     from core.backends.sim import SimBackend
-    from core.control.speed_model import offline_phase
+    from core.control.saber.speed_model import offline_phase
     from core.events import null_sink
     from core.jobs import RunOptions, run_workload
     from core.profile import PoissonArrival, load_calibration, load_profile
+    from core.sim.engine import simulate
 
     base = load_profile("saber-w3")
     calibration = load_calibration(base)
-    model = offline_phase(base, calibration).models["usl"]
+    model = offline_phase(base, calibration, simulate).models["usl"]
     cost_fields = ("base_s", "per_token_s", "per_ctx_token_s", "per_spec_step_s", "per_seq_s")
     slower = calibration.model_copy(
         update={

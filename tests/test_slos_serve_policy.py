@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from core.control.modes import ModeContext, make_policy
 from core.control.slos_serve.policy import SlosServePolicy
 from core.controller_api import TIER_BEST_EFFORT, TIER_HIGH, ControlledRequest
+from core.modes import ModeContext, make_policy
 from core.profile import SlosServeSpec, load_calibration, load_profile
 from core.records import RequestSLO, RequestSpec
 

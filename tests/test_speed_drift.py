@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.control.speed_drift import QUANTILE_FLOOR, RATIO_BOUNDS, SpeedDrift
+from core.control.saber.speed_drift import QUANTILE_FLOOR, RATIO_BOUNDS, SpeedDrift
 
 
 def test_starts_at_the_fitted_model_and_moves_toward_what_requests_got() -> None:

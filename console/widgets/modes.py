@@ -17,7 +17,7 @@ from textual.widgets import DataTable, Static
 
 from console.session import Session
 from console.widgets.format import UNKNOWN, num
-from core.control.modes import MODES
+from core.modes import MODES
 
 # What each mode does, in a line (the registry holds only factories).
 MODE_NOTES = {

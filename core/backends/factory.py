@@ -19,11 +19,11 @@ def make_backend(
     speed: float | None = None,
     mode: str | None = None,
 ) -> Backend:
-    """`mode` overrides the profile's scheduling mode (core/control/modes.py); an unknown one raises
+    """`mode` overrides the profile's scheduling mode (core/modes.py); an unknown one raises
     ProfileError naming the modes there are. On the simulator the mode runs in the simulated controller; on a
     live backend the admission gateway (core/backends/gateway.py) runs it in front of the server, when the
     mode is not plain fcfs or when a mode is asked for explicitly."""
-    from core.control.modes import MODES
+    from core.modes import MODES
 
     mode_name = mode if mode is not None else profile.mode
     if mode_name not in MODES:
@@ -41,7 +41,7 @@ def make_backend(
 
 def _make_sim(profile: Profile, *, seed: int | None, speed: float | None, mode_name: str) -> Backend:
     from core.backends.sim import SimBackend
-    from core.control.modes import ModeContext, make_policy
+    from core.modes import ModeContext, make_policy
 
     calibration = load_calibration(profile)
     run_seed = profile.seed if seed is None else seed

@@ -300,8 +300,8 @@ class Gateway(AdmissionController):
 
 
 def policy_factory_for(profile: Profile, replicas: int) -> PolicyFactory:
-    """Build modes by name from the registry (core/control/modes.py) for this profile and upstream count."""
-    from core.control.modes import ModeContext, make_policy
+    """Build modes by name from the registry (core/modes.py) for this profile and upstream count."""
+    from core.modes import ModeContext, make_policy
     from core.profile import load_calibration
 
     context = ModeContext(profile=profile, calibration=load_calibration(profile), replicas=replicas, seed=profile.seed)

@@ -116,7 +116,7 @@ class AdaServeSpec(Strict):
 
 
 class SaberSpec(Strict):
-    """SABER settings (paper 001; core/control/saber.py). Used by `--mode saber` and `--job compare`."""
+    """SABER settings (paper 001; core/control/saber/policy.py). Used by `--mode saber` and `--job compare`."""
 
     # Admission samples a window of this many requests at the high tier's head (sec. IV-C step 2); the paper
     # gives no value; 4 is ours.
@@ -139,11 +139,11 @@ class SaberSpec(Strict):
     # recent arrivals need (see SaberPolicy._feasible_speed).
     feasibility: Literal["fastest", "offered-load"] = "fastest"
     # Scale f(L) in the admission checks by observed / predicted speed of recent admitted requests (ours,
-    # beyond the paper; see core/control/speed_drift.py): for live servers whose speed drifts from the profile.
+    # beyond the paper; see core/control/saber/speed_drift.py): for live servers whose speed drifts from the profile.
     drift_correction: bool = False
     # With drift_correction: scale by this quantile of the last 30 ratios instead of their mean (None), so a
     # request admitted at the edge of its SLA gets the speed it needs with probability about 1 - q on an
-    # engine whose speed is noisy from request to request (see core/control/speed_drift.py).
+    # engine whose speed is noisy from request to request (see core/control/saber/speed_drift.py).
     drift_quantile: Annotated[float, Field(gt=0, lt=1)] | None = None
     # Ablation (not the paper): false drops Algorithm 1's second check (line 10: f(L+1) must still meet the
     # speed recorded for every running request), so a benchmark can measure what that check costs.

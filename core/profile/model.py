@@ -25,7 +25,7 @@ class Profile(Strict):
     sustainability: SustainabilitySpec = Field(default_factory=SustainabilitySpec)
     server: ServerSpec = Field(default_factory=ServerSpec)
     tuner: TunerSpec = Field(default_factory=TunerSpec)
-    # Scheduling mode (core/control/modes.py: fcfs = vLLM's default) and how many engine replicas the
+    # Scheduling mode (core/modes.py: fcfs = vLLM's default) and how many engine replicas the
     # simulator runs behind the controller (live: one per upstream server).
     mode: str = "fcfs"
     replicas: Annotated[int, Field(ge=1, le=64)] = 1

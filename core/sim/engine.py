@@ -370,3 +370,8 @@ class SimEngine:
     def run(self) -> list[RequestRecord]:
         self.advance_until(math.inf)
         return self.records
+
+
+def simulate(calibration: Calibration, knobs: KnobsSpec, plan: LoadPlan, seed: int = 0) -> list[RequestRecord]:
+    """Run `plan` to its end on one fcfs replica: the engine SABER's offline phase profiles (core/modes.py)."""
+    return SimEngine(calibration, knobs, plan, seed=seed).run()

@@ -5,7 +5,7 @@ verifies (its root plus its selected draft tokens) and how many tokens it emits,
 model's true acceptance (speculation.py). `StaticScheduler` is the static baseline on the same model:
 every request verifies a `width`-token chain (vLLM-Spec(k) in the paper's evaluation).
 
-Both are free of the engine: the stepwise replica's planner (planner.py) feeds them and applies the result.
+Both are free of the engine: the stepwise replica's planner (policy.py) feeds them and applies the result.
 """
 
 from __future__ import annotations

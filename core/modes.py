@@ -2,6 +2,9 @@
 
 Each mode module registers a factory here (one line); the factory builds a fresh `Policy` for one run
 from what a user knows before the run: the profile, the engine calibration and the replica count.
+
+This registry sits above core/sim and core/control (which never import each other): SABER's offline phase
+(paper 001 sec. IV-B) profiles the engine by running it, and here it is handed the simulator to run.
 """
 
 from __future__ import annotations
@@ -9,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from core.control.adaserve.planner import AdaServePolicy
+from core.control.adaserve.policy import AdaServePolicy
 from core.control.slos_serve.policy import SlosServePolicy
 from core.controller_api import Policy
 from core.profile import Calibration, Profile, ProfileError
+from core.sim.engine import simulate
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,12 +35,12 @@ def _fcfs(ctx: ModeContext) -> Policy:
 
 
 def _saber(ctx: ModeContext) -> Policy:
-    from core.control.saber import SaberPolicy
-    from core.control.speed_model import offline_phase
+    from core.control.saber.policy import SaberPolicy
+    from core.control.saber.speed_model import offline_phase
 
     spec = ctx.profile.saber
     # Offline phase (paper 001 sec. IV-B): profile the engine, fit f(L); cached per engine and mix.
-    speeds = offline_phase(ctx.profile, ctx.calibration, loads=spec.profile_loads, seed=ctx.seed)
+    speeds = offline_phase(ctx.profile, ctx.calibration, simulate, loads=spec.profile_loads, seed=ctx.seed)
     return SaberPolicy(
         speeds.models[spec.speed_model],
         window_size=spec.window_size,

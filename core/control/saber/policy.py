@@ -20,7 +20,7 @@ which both conditions hold. Two more departures are options, off by default (the
 the README): `track_progress` (protect what a running request still needs, not the speed recorded at its
 admission) and `feasibility="offered-load"` (demote above the speed the current load allows, not above f(1)).
 A third, `drift_correction`, is for live engines: it scales f(L) in the admission checks by how fast
-admitted requests actually ran against what f(L) predicted for them (core/control/speed_drift.py); with
+admitted requests actually ran against what f(L) predicted for them (core/control/saber/speed_drift.py); with
 `drift_quantile` the scale is a low quantile of those ratios instead of their mean.
 `protect_running: false` is an ablation, not a mode: it drops the second condition of line 10 (the speed
 recorded for every running request), so the benchmark can measure what that condition costs or gains.
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from core.control.speed_drift import SpeedDrift
-from core.control.speed_model import SpeedModel
+from core.control.saber.speed_drift import SpeedDrift
+from core.control.saber.speed_model import SpeedModel
 from core.controller_api import (
     TIER_HIGH,
     TIER_LOW,

@@ -12,7 +12,8 @@ fitting. USL models throughput X(L) = lam * L / (1 + sigma (L - 1) + kappa L (L 
 X(L) / L, so f(L) = lam / (1 + sigma (L - 1) + kappa L (L - 1)).
 
 The simulator path profiles the simulated engine exactly as one would profile a server: it only sees the
-records a run produces, never the calibration's step-time terms.
+records a run produces, never the calibration's step-time terms. The engine is handed in (`Simulate`;
+core/modes.py passes core/sim/engine.simulate), so this package never imports the simulator.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from typing import Literal
 import numpy as np
 from scipy.optimize import curve_fit
 
+from core.backend_api import LoadPlan
 from core.profile import Calibration, ClosedLoopArrival, KnobsSpec, Profile, ProfileError
 from core.records import RequestRecord
+from core.workload import build_load_plan
 
 ModelKind = Literal["usl", "linear", "logistic"]
 MODEL_KINDS: tuple[ModelKind, ...] = ("usl", "linear", "logistic")
@@ -35,6 +38,9 @@ MODEL_KINDS: tuple[ModelKind, ...] = ("usl", "linear", "logistic")
 DEFAULT_LOADS: tuple[int, ...] = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 100)
 DEFAULT_POINTS = 1000  # the paper fits on about 1,000 load-speed pairs (sec. IV-B step 2)
 MIN_SPEED_TPS = 1e-6  # floor of a prediction: a model must never predict zero or negative speed
+
+# Runs a load plan to its end on the engine being profiled: (calibration, knobs, plan, seed) -> the records.
+Simulate = Callable[[Calibration, KnobsSpec, LoadPlan, int], Sequence[RequestRecord]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +168,7 @@ def _mixes(profile: Profile) -> list[Profile]:
 def profile_speeds(
     profile: Profile,
     calibration: Calibration,
+    simulate: Simulate,
     *,
     loads: Sequence[int] = DEFAULT_LOADS,
     points: int = DEFAULT_POINTS,
@@ -169,9 +176,6 @@ def profile_speeds(
 ) -> list[SpeedSample]:
     """Closed-loop simulator runs with L clients for each L in `loads` and each task mix; about `points`
     samples in all. The engine's batch cap is set above the largest L (sec. IV-B step 1)."""
-    from core.sim.engine import SimEngine
-    from core.workload import build_load_plan
-
     if not profile.workload.tasks:
         raise ProfileError(
             f"{profile.name}: SABER profiles token speed on the workload's task mix, and this workload has none"
@@ -198,8 +202,7 @@ def profile_speeds(
                 }
             )
             plan = build_load_plan(mix.model_copy(update={"workload": workload}), seed=seed + run)
-            engine = SimEngine(calibration, knobs, plan, seed=seed + run)
-            samples.extend(speed_samples(engine.run(), skip_first=load))
+            samples.extend(speed_samples(simulate(calibration, knobs, plan, seed + run), skip_first=load))
             run += 1
     return samples
 
@@ -219,7 +222,12 @@ _CACHE: dict[tuple[str, ...], SpeedProfile] = {}
 
 
 def offline_phase(
-    profile: Profile, calibration: Calibration, *, loads: Sequence[int] = DEFAULT_LOADS, seed: int = 0
+    profile: Profile,
+    calibration: Calibration,
+    simulate: Simulate,
+    *,
+    loads: Sequence[int] = DEFAULT_LOADS,
+    seed: int = 0,
 ) -> SpeedProfile:
     """Profile and fit once per (calibration, task mix, batching knobs, loads, seed); later calls reuse it
     (`--job compare` builds a SABER policy per run; the engine it profiles does not change between them)."""
@@ -233,7 +241,7 @@ def offline_phase(
     )
     cached = _CACHE.get(key)
     if cached is None:
-        samples = profile_speeds(profile, calibration, loads=loads, seed=seed)
+        samples = profile_speeds(profile, calibration, simulate, loads=loads, seed=seed)
         cached = SpeedProfile(samples=samples, models=fit_all(samples))
         _CACHE[key] = cached
     return cached
