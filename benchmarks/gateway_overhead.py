@@ -12,7 +12,7 @@ percentiles for both paths and their difference (what the gateway adds): over al
 round with the median over rounds (one stall of another process on a shared machine spoils one round's p99,
 not the median). All three processes share this machine's cores, so the figures include that contention.
 The client and the upstream freeze their start-up heap out of the garbage collector's view (both paths see
-them alike; the gateway does the same for itself, core/control/gateway_service.py).
+them alike; the gateway does the same for itself, core/gateway/standalone.py).
 
 `--reference-proxy` adds a bare aiohttp relay (no policy, no counting, no parsing), run the way the gateway
 runs: the least any aiohttp front adds on this machine, so what lies between it and the gateway is the
@@ -110,7 +110,7 @@ def serve_reference_proxy(upstream_url: str) -> None:
         await asyncio.Event().wait()  # until SIGTERM ends the process
 
     try:
-        import uvloop  # the gateway's own loop when installed (core/control/gateway_service.py)
+        import uvloop  # the gateway's own loop when installed (core/gateway/standalone.py)
     except ImportError:
         asyncio.run(serve())
     else:

@@ -154,7 +154,7 @@ class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
             server = VllmBackend.from_profile(self.profile, on_state=self._server_state_from_thread)
             if self.profile.mode == "fcfs":
                 return server
-            from core.backends.gateway import GatewayBackend
+            from core.backends.gateway_backend import GatewayBackend
 
             return GatewayBackend(server, self.profile, self.profile.mode)  # type: ignore[return-value]
         from core.backends.factory import make_backend

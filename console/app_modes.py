@@ -33,7 +33,7 @@ class ModeSwitchMixin:
         if self.config.backend == "sim" or self.config.backend_factory is not None:
             self._rerun_in_mode()
             return
-        from core.backends.gateway import GatewayBackend
+        from core.backends.gateway_backend import GatewayBackend
 
         if isinstance(self.backend, GatewayBackend):
             self._swap_gateway_mode(self.backend, name, previous)

@@ -78,7 +78,7 @@ def build_gateway_parser() -> argparse.ArgumentParser:
 
 def gateway_main(argv: list[str]) -> int:
     args = build_gateway_parser().parse_args(argv)
-    from core.control.gateway_service import GatewayArgs, run_gateway
+    from core.gateway.standalone import GatewayArgs, run_gateway
 
     return run_gateway(
         GatewayArgs(

@@ -1,7 +1,7 @@
 """The controller seam: what every scheduling mode decides, in the simulator and in front of live servers.
 
 A scheduling mode is a `Policy`. The controller in front of the engine replicas (core/sim/engine.py in
-virtual time, core/control/gateway.py in wall time) hands it each arriving request and asks it, after every
+virtual time, core/gateway/server.py in wall time) hands it each arriving request and asks it, after every
 event (arrival, completion, timer), which held requests to release to which replica. The policy sees the
 replicas only through `ReplicaView`: what the controller itself knows (the requests it released there and
 has not seen finish) plus what the engine reports (queue, KV use). It never touches engine internals, so

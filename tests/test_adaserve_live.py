@@ -10,8 +10,8 @@ import aiohttp
 
 from core.control.adaserve.live import SCHEDULE_CONFIG_KEY, live_speculation_extra, speculation_schedule
 from core.control.adaserve.policy import NO_TPOT_PRIORITY, AdaServePolicy
-from core.control.gateway import Gateway
 from core.controller_api import Policy
+from core.gateway.server import Gateway
 from core.modes import ModeContext, make_policy
 from core.profile import AdaServeSpec, load_calibration, load_profile
 from tests.fakeserver import FakeOpenAIServer, StreamReply

@@ -21,7 +21,7 @@ from console.launch import create_app, run_app
 from console.messages import SessionChanged
 from console.session import Session
 from console.widgets.kpi import KpiTile
-from core.backends.gateway import GatewayBackend
+from core.backends.gateway_backend import GatewayBackend
 from core.backends.sim import SimBackend
 from core.events import make_event
 from core.jobs import summary_event

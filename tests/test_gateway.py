@@ -1,4 +1,4 @@
-"""The admission gateway (core/control/gateway.py) on real 127.0.0.1 sockets, in front of scripted upstreams.
+"""The admission gateway (core/gateway/server.py) on real 127.0.0.1 sockets, in front of scripted upstreams.
 
 The upstreams are tests/fakeserver.py's scripted OpenAI server (streams shaped like vLLM's) and, for
 non-streamed answers, a few-line aiohttp app. They prove the gateway's plumbing and accounting; the
@@ -18,8 +18,8 @@ import pytest
 from aiohttp import web
 
 from core.control.concurrency_cap import ConcurrencyCapPolicy
-from core.control.gateway import Gateway, GatewayError
-from core.control.gateway_protocol import (
+from core.controller_api import ControlledRequest, Policy, ReplicaView, Verdict
+from core.gateway.protocol import (
     BadGatewayRequest,
     SSETokenCounter,
     parse_event,
@@ -28,8 +28,8 @@ from core.control.gateway_protocol import (
     sent_before_s,
     slo_fields,
 )
-from core.control.gateway_upstream import probe_upstreams
-from core.controller_api import ControlledRequest, Policy, ReplicaView, Verdict
+from core.gateway.server import Gateway, GatewayError
+from core.gateway.upstream import probe_upstreams
 from core.profile import ProfileError, load_profile
 from core.records import RequestSLO, RequestSpec
 from tests.fakeserver import FakeOpenAIServer, StreamReply

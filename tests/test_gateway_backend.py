@@ -6,7 +6,7 @@ import asyncio
 
 from core.backend_api import LoadPlan
 from core.backends.factory import make_backend
-from core.backends.gateway import GatewayBackend
+from core.backends.gateway_backend import GatewayBackend
 from core.backends.live import UrlBackend
 from core.control.concurrency_cap import ConcurrencyCapPolicy
 from core.profile import load_profile

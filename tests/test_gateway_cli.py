@@ -82,7 +82,7 @@ def test_serves_an_openai_client_and_reports_its_counters_on_sigterm() -> None:
 def test_settle_heap_takes_the_start_up_heap_out_of_the_collectors_view() -> None:
     import gc
 
-    from core.control.gateway_service import settle_heap
+    from core.gateway.standalone import settle_heap
 
     before = gc.get_freeze_count()
     try:

@@ -16,7 +16,7 @@ was 0.00-0.35 against fcfs's 0.00-0.12, higher in 11 runs of 13, so it was only 
 - the gateway saw each request 0.5-1 s (median) after the client sent it (client and gateway share one
   starved process: event-loop stalls of 0.5 s at the 90th percentile while it used 2% of a core), so
   SABER's deadlines started late; the client now says when it sent the request (`x-slo-sent-at`) and the
-  deadline counts from there (core/control/gateway_protocol.py). Measured at the gateway, SABER's admitted
+  deadline counts from there (core/gateway/protocol.py). Measured at the gateway, SABER's admitted
   requests were already 97% in time (69 of 71) in a run where the client counted 41%;
 - the drift correction scales f(L) by the 10% quantile of the last 30 observed / predicted speeds
   (`drift_quantile`), not their mean: one request's ratio ranged 0.37-1.0 (5th-80th percentile) within one
@@ -39,7 +39,7 @@ import numpy as np
 import pytest
 
 from core.backend_api import LoadPlan, RunOutcome
-from core.backends.gateway import GatewayBackend
+from core.backends.gateway_backend import GatewayBackend
 from core.backends.vllm import VllmBackend
 from core.control.saber.policy import SaberPolicy
 from core.control.saber.speed_model import SpeedModel, fit_speed_model, speed_samples

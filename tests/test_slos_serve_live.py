@@ -18,7 +18,7 @@ import os
 import pytest
 
 from core.backend_api import LoadPlan
-from core.backends.gateway import GatewayBackend
+from core.backends.gateway_backend import GatewayBackend
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec, load_profile
 from core.records import RequestSLO, RequestSpec, Status

@@ -21,7 +21,7 @@ def make_backend(
 ) -> Backend:
     """`mode` overrides the profile's scheduling mode (core/modes.py); an unknown one raises
     ProfileError naming the modes there are. On the simulator the mode runs in the simulated controller; on a
-    live backend the admission gateway (core/backends/gateway.py) runs it in front of the server, when the
+    live backend the admission gateway (core/backends/gateway_backend.py) runs it in front of the server, when the
     mode is not plain fcfs or when a mode is asked for explicitly."""
     from core.modes import MODES
 
@@ -33,7 +33,7 @@ def make_backend(
         return _make_sim(profile, seed=seed, speed=speed, mode_name=mode_name)
     inner = _make_live(kind, profile, url=url, mode_name=mode_name)
     if mode is not None or mode_name != "fcfs":
-        from core.backends.gateway import GatewayBackend
+        from core.backends.gateway_backend import GatewayBackend
 
         return GatewayBackend(inner, profile, mode_name)
     return inner

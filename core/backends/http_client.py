@@ -26,8 +26,8 @@ import aiohttp
 import numpy as np
 
 from core.backends.prompts import PromptBuilder, load_token_counter
-from core.control.gateway_protocol import HEADER_SENT_AT
-from core.control.gateway_protocol import slo_fields as gateway_slo_fields
+from core.gateway.protocol import HEADER_SENT_AT
+from core.gateway.protocol import slo_fields as gateway_slo_fields
 from core.records import RequestRecord, RequestSpec, Status
 
 __all__ = ["Api", "PromptBuilder", "StreamingClient", "is_loopback", "load_token_counter", "open_load_session"]
@@ -134,7 +134,7 @@ class StreamingClient:
         # 0.0: greedy, so a prompt's output is the same every run; None leaves sampling to the server's
         # defaults (what `vllm bench serve` sends since it stopped setting temperature 0).
         self.temperature = temperature
-        # Tell an admission gateway each request's task, SLO and id (core/control/gateway_protocol.py).
+        # Tell an admission gateway each request's task, SLO and id (core/gateway/protocol.py).
         self.slo_fields = slo_fields
         # Told about refused connections and broken streams, so a load driver can check whether the
         # server died rather than failing every remaining request one by one.

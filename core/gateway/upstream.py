@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import aiohttp
 
-from core.control.gateway_protocol import GATEWAY_HEADERS
+from core.gateway.protocol import GATEWAY_HEADERS
 
 # Request headers not passed upstream: hop-by-hop ones, those aiohttp sets itself, and the gateway's own.
 _DROP_HEADERS = frozenset({"host", "content-length", "connection", "keep-alive", "transfer-encoding", "te", "upgrade"})

@@ -1,8 +1,8 @@
 """The live admission gateway: an OpenAI-compatible HTTP front that runs a scheduling mode in wall time.
 
 Clients post /v1/completions or /v1/chat/completions here instead of to vLLM. Each request becomes a
-`ControlledRequest` (task and SLO from the request, see core/control/gateway_protocol.py) and the mode's
-`Policy` decides what happens to it (core/control/gateway_admission.py):
+`ControlledRequest` (task and SLO from the request, see core/gateway/protocol.py) and the mode's
+`Policy` decides what happens to it (core/gateway/admission.py):
 - release: forwarded at once to that upstream; the answer streams back chunk by chunk;
 - hold: the request waits in the policy's queues; a request still held when the gateway stops (or an
   embedded run ends) is answered 503 `deferred`;
@@ -25,8 +25,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from core.control.gateway_admission import AdmissionController, PolicyFactory
-from core.control.gateway_protocol import (
+from core.controller_api import ControlledRequest, Policy
+from core.events import EventSink
+from core.gateway.admission import AdmissionController, PolicyFactory
+from core.gateway.protocol import (
     ERROR_DEFERRED,
     ERROR_INVALID,
     ERROR_REJECTED,
@@ -39,9 +41,7 @@ from core.control.gateway_protocol import (
     read_request_meta,
     sent_before_s,
 )
-from core.control.gateway_upstream import UpstreamClient, request_headers, response_headers
-from core.controller_api import ControlledRequest, Policy
-from core.events import EventSink
+from core.gateway.upstream import UpstreamClient, request_headers, response_headers
 from core.profile import Profile, ProfileError
 from core.records import RequestSpec
 

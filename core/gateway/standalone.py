@@ -19,9 +19,9 @@ import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from core.control.gateway import Gateway, GatewayError, policy_factory_for
-from core.control.gateway_upstream import probe_upstreams
 from core.events import Event, to_json_line
+from core.gateway.server import Gateway, GatewayError, policy_factory_for
+from core.gateway.upstream import probe_upstreams
 from core.profile import ProfileError, load_profile
 
 EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 2, 3, 130

@@ -1,6 +1,6 @@
 """`GatewayBackend`: a live backend with the admission gateway in front (`--backend vllm|url --mode NAME`).
 
-It puts a `core.control.gateway.Gateway` (127.0.0.1, a free port) in front of the served server (a vLLM
+It puts a `core.gateway.server.Gateway` (127.0.0.1, a free port) in front of the served server (a vLLM
 that `VllmBackend` launches, or the `--url` server) and points the load client at the gateway, with each
 request's task, SLO and id in the gateway's body field. The client measures latency end to end, so time
 spent held at the gateway counts. The gateway's account then completes the client's records: a 429 becomes
@@ -21,9 +21,9 @@ from typing import Any
 
 from core.backend_api import LoadPlan, RunObserver, RunOutcome
 from core.backends.live import UrlBackend
-from core.control.gateway import Gateway, policy_factory_for
 from core.controller_api import Policy
 from core.events import EventSink
+from core.gateway.server import Gateway, policy_factory_for
 from core.profile import Profile
 from core.records import RequestRecord, RequestSpec, Status
 

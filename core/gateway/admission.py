@@ -1,6 +1,6 @@
 """The gateway's admission controller: a scheduling mode's `Policy` run in wall time over live requests.
 
-This is the half of the admission gateway (core/control/gateway.py) that knows no HTTP. Each request is a
+This is the half of the admission gateway (core/gateway/server.py) that knows no HTTP. Each request is a
 `ControlledRequest`; the policy decides, as the simulator's controller does in virtual time:
 - release: it goes to that upstream at once (`admit()` returns and the HTTP side forwards it);
 - hold: it waits in the policy's queues; `release()` is asked again after every arrival and completion and at
