@@ -11,17 +11,15 @@ import pytest
 
 from core.backend_api import BackendUnavailable
 from core.profile import KnobsSpec, ProfileError, ServerSpec
-from core.serve import knobs as knobs_module
-from core.serve.knobs import (
-    Speculation,
-    UnsupportedKnob,
+from core.serve import install_probe as probe_module
+from core.serve.install_probe import (
     VllmCapabilities,
     VllmProbeError,
-    knob_flags,
     parse_help_flags,
     probe_capabilities,
     probe_install,
 )
+from core.serve.knobs import Speculation, UnsupportedKnob, knob_flags
 from core.serve.vllm_server import VllmServer, merge_args, option_value
 
 # The flags a vLLM 0.32 `--help` lists that the adapter uses (abridged usage block).
@@ -160,8 +158,8 @@ def _fake_vllm_python(tmp_path: Path, version: str = "9.9.9", device: str = "cpu
 
 def test_version_and_flags_are_probed_once_and_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLO_CONSOLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(knobs_module, "_install_cache", {})
-    monkeypatch.setattr(knobs_module, "_caps_cache", {})
+    monkeypatch.setattr(probe_module, "_install_cache", {})
+    monkeypatch.setattr(probe_module, "_caps_cache", {})
     python = _fake_vllm_python(tmp_path)
     install = probe_install(python)
     assert (install.version, install.device, install.vllm_script) == ("9.9.9", "cpu", None)
@@ -170,7 +168,7 @@ def test_version_and_flags_are_probed_once_and_cached(tmp_path: Path, monkeypatc
     cache_files = list((tmp_path / "cache" / "probes").glob("*.json"))
     assert len(cache_files) == 1
     # A second process (empty memory cache) reads the disk cache even if the python's --help now fails.
-    monkeypatch.setattr(knobs_module, "_caps_cache", {})
+    monkeypatch.setattr(probe_module, "_caps_cache", {})
     Path(python).write_text("#!/bin/sh\nexit 3\n")
     assert probe_capabilities(install).flags == caps.flags
 
@@ -186,8 +184,8 @@ def test_a_python_without_vllm_is_unavailable_with_the_fix(tmp_path: Path) -> No
 
 def test_server_command_has_knobs_cpu_preset_and_extra_args(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLO_CONSOLE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(knobs_module, "_install_cache", {})
-    monkeypatch.setattr(knobs_module, "_caps_cache", {})
+    monkeypatch.setattr(probe_module, "_install_cache", {})
+    monkeypatch.setattr(probe_module, "_caps_cache", {})
     spec = ServerSpec(model=str(tmp_path), extra_args=["--max-model-len", "2048"], env={"X": "1"})
     server = VllmServer(spec, KnobsSpec(max_num_seqs=4), python=_fake_vllm_python(tmp_path))
     argv, env = server.command()

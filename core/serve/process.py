@@ -229,7 +229,7 @@ class ServerProcess:
     def _open_log(self, port: int) -> Path:
         log_dir = self.log_dir
         if log_dir is None:
-            from core.serve.knobs import cache_root
+            from core.serve.cache_dir import cache_root
 
             log_dir = cache_root() / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)

