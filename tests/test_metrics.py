@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from core.metrics import benefit, compute_outcomes, idle_latency_s, outcomes, summarize
+from core.metrics import benefit, compute_outcomes, idle_latency_s, outcomes, smooth_goodput, summarize
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord, RequestSLO, Status
 
@@ -431,7 +431,7 @@ def test_dropping_a_late_request_is_not_better_than_finishing_it_at_the_same_mom
 
 def test_unknown_penalty_is_refused() -> None:
     with pytest.raises(ValueError, match="penalty"):
-        outcomes.penalty(np.array([1.0]), "cubic")
+        smooth_goodput.penalty(np.array([1.0]), "cubic")
 
 
 # ---------------------------------------------------------------- output shape and speed

@@ -1,13 +1,7 @@
 """Request records -> latency, goodput, SLO attainment and smooth goodput (definitions: docs/metrics.md)."""
 
-from core.metrics.outcomes import (
-    PENALTIES,
-    RequestOutcomes,
-    benefit,
-    compute_outcomes,
-    idle_latency_s,
-    penalty,
-)
+from core.metrics.outcomes import RequestOutcomes, benefit, compute_outcomes, idle_latency_s
+from core.metrics.smooth_goodput import PENALTIES, penalty
 from core.metrics.summary import PERCENTILES, Summary, TaskSummary, percentiles, summarize
 from core.metrics.window import WindowedAggregator, WindowSnapshot, WindowTotals
 

@@ -15,21 +15,18 @@ Choices for cases the papers leave open (also listed in docs/metrics.md):
   `vllm bench serve` does for goodput (it sets TPOT to 0 there).
 - A completed request with no chunk times but output tokens was not streamed: its whole response arrives
   at its end, so TTFT = e2e and its tokens form one chunk at end_s.
-- Failed requests never meet an SLO. For smooth goodput they keep the tokens they delivered, judged by
-  their idle latency, and the user is also taken to have waited for the next token until the failure was
-  reported (end_s). So a request dropped after a long queue wait costs benefit, while one rejected at once
-  costs nothing: abandoning late work is never free, which is the flaw of plain goodput that paper 003
-  (sec. 4.1) points at.
+- Failed requests never meet an SLO. How they count in smooth goodput: core/metrics/smooth_goodput.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from core.metrics.smooth_goodput import idle_and_benefit, token_due_s
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord, RequestSLO, Status
 
@@ -40,16 +37,6 @@ STATUSES: tuple[Status, ...] = tuple(Status)
 _STATUS_CODE: dict[str, int] = {status.value: code for code, status in enumerate(STATUSES)}
 OK_CODE = _STATUS_CODE[Status.OK.value]
 
-# Penalty maps f(l) of paper 003 eq. 7, l in seconds. "linear" is the default: it is the simplest
-# monotone map, and with it alpha reads directly as "tokens of benefit forfeited per second the reader sat
-# idle", which makes alpha easy to choose and to explain. "quadratic" punishes long stalls far more than
-# short ones; "log1p" saturates, for readers who stop caring once they have waited at all.
-PENALTIES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "linear": lambda idle_s: idle_s,
-    "quadratic": np.square,
-    "log1p": np.log1p,
-}
-
 # SLO verdicts are "latency <= objective", inclusive. Latencies are differences of timestamps, so a
 # latency exactly at the objective can come out a few ulps above it (3.2 - 2.0 > 1.2); 1 ns, below any
 # clock's resolution here, keeps such a request on the side of the line it is really on.
@@ -57,15 +44,6 @@ SLO_TOLERANCE_S = 1e-9
 
 # Chunk elements processed per batch: about 16 MB per float64 working array.
 _CHUNK_BATCH = 1 << 21
-
-
-def penalty(idle_s: np.ndarray | float, kind: str) -> np.ndarray:
-    """f(l) of paper 003 eq. 7 for idle latencies in seconds."""
-    try:
-        func = PENALTIES[kind]
-    except KeyError:
-        raise ValueError(f"unknown smooth-goodput penalty {kind!r}; use one of {sorted(PENALTIES)}") from None
-    return func(np.asarray(idle_s, dtype=float))
 
 
 def _slo_tuple(slo: RequestSLO | SLOSpec) -> tuple[float, float, float]:
@@ -150,7 +128,7 @@ def _chunk_pass(
         else:
             before = np.arange(len(flat_t)) - starts[seg]
             delivered[lo:hi] = counts
-        deadline = arrival[lo:hi][seg] + smooth.first_token_due_s + before / smooth.reading_speed_tps
+        deadline = token_due_s(arrival[lo:hi][seg], before, smooth)
         max_late[lo:hi] = np.maximum.reduceat(flat_t - deadline, starts)
         first[lo:hi] = flat_t[starts]
         if collect_itl and len(flat_t) > 1:
@@ -252,17 +230,7 @@ def compute_outcomes(
     good = attained
 
     # ---- user idle latency and benefit (paper 003 eqs. 6-7)
-    idle = np.where(np.isnan(max_late), NAN, np.maximum(max_late, 0.0))
-    # A failure leaves the reader waiting for token k+1 (due a + first + k/V) until the error arrives.
-    failed_wait = end_a - (arrival_a + smooth.first_token_due_s + delivered / smooth.reading_speed_tps)
-    waited = ~ok & ~np.isnan(end_a)
-    idle = np.where(waited, np.fmax(idle, np.maximum(failed_wait, 0.0)), idle)
-    # A completed request that produced no token leaves nothing to wait for.
-    idle = np.where(ok & np.isnan(idle), 0.0, idle)
-    tokens_for_benefit = np.where(ok, out_tok, delivered)
-    with np.errstate(invalid="ignore"):
-        benefit = tokens_for_benefit - smooth.alpha * penalty(idle, smooth.penalty)
-    benefit = np.where(np.isnan(idle), 0.0, benefit)
+    idle, benefit = idle_and_benefit(max_late, ok, arrival_a, end_a, out_tok, delivered, smooth)
 
     itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
     return RequestOutcomes(
