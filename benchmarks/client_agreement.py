@@ -48,8 +48,9 @@ from core.backends.prompts import GivenPrompts
 from core.metrics import summarize
 from core.profile import KnobsSpec, ServerSpec, SLOSpec, SmoothGoodputSpec
 from core.records import RequestSpec
+from core.serve.install_probe import default_vllm_python
 from core.serve.prom import VllmMetrics, fetch_metrics
-from core.serve.vllm_server import VllmServer, default_vllm_python
+from core.serve.vllm_server import VllmServer
 
 CLIENTS = 8
 PROMPT_TOKENS = 32

@@ -12,7 +12,7 @@ from core.backends.factory import make_backend
 from core.control.adaserve.live import SCHEDULE_CONFIG_KEY, live_speculation_extra
 from core.profile import load_profile
 from core.records import Status
-from core.serve.vllm_server import ENV_VLLM_PYTHON
+from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.workload import build_load_plan
 
 pytestmark = [

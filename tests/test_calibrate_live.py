@@ -25,8 +25,8 @@ from core.calibrate.sweep import measured_decode_steps
 from core.calibrate.sweep_points import SweepSettings
 from core.calibrate.sweep_targets import VllmTarget
 from core.profile import KnobsSpec, load_profile
+from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.process_group import group_members
-from core.serve.vllm_server import ENV_VLLM_PYTHON
 from core.workload import build_load_plan
 
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)

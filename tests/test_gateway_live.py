@@ -46,8 +46,8 @@ from core.control.saber.speed_model import SpeedModel, fit_speed_model, speed_sa
 from core.controller_api import TIER_HIGH, Policy
 from core.profile import KnobsSpec, Profile, ServerSpec
 from core.records import RequestRecord, RequestSLO, RequestSpec
+from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.process_group import group_members
-from core.serve.vllm_server import ENV_VLLM_PYTHON
 
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
 

@@ -22,7 +22,7 @@ from core.backends.gateway_backend import GatewayBackend
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec, load_profile
 from core.records import RequestSLO, RequestSpec, Status
-from core.serve.vllm_server import ENV_VLLM_PYTHON
+from core.serve.install_probe import ENV_VLLM_PYTHON
 
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
 

@@ -42,9 +42,9 @@ from core.backend_api import LoadPlan
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec
 from core.records import RequestSpec
+from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.process_group import group_members
 from core.serve.prom import Histogram, VllmMetrics, parse_metrics
-from core.serve.vllm_server import ENV_VLLM_PYTHON
 
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
 DATA = Path(__file__).parent / "data"

@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.process_group import group_members
 from core.serve.prom import parse_metrics
 from core.serve.registry import registry_dir
-from core.serve.vllm_server import ENV_VLLM_PYTHON
 
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
 REPO = Path(__file__).resolve().parent.parent

