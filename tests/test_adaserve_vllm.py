@@ -4,7 +4,6 @@ batch-size speculation schedule, both accepted by vLLM and in effect."""
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -12,13 +11,9 @@ from core.backends.factory import make_backend
 from core.control.adaserve.live import SCHEDULE_CONFIG_KEY, live_speculation_extra
 from core.profile import load_profile
 from core.records import Status
-from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.workload import build_load_plan
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not os.environ.get(ENV_VLLM_PYTHON), reason=f"{ENV_VLLM_PYTHON} is unset"),
-]
+pytestmark = pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 
 
 def test_adaserve_mode_on_a_real_vllm_uses_the_schedule_and_priorities() -> None:

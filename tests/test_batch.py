@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.fakes import REPO, events, run_cli
+
 SUMMARY_FIELDS = {
     "p50_s",
     "p95_s",
@@ -22,16 +23,6 @@ SUMMARY_FIELDS = {
     "requests",
     "failed",
 }
-
-
-def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "console", *args], cwd=cwd, capture_output=True, text=True, timeout=300
-    )
-
-
-def events(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
 
 def test_quickstart_prints_progress_then_a_summary_with_every_headline_field() -> None:

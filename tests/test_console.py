@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -27,9 +26,9 @@ from core.events import make_event
 from core.jobs import summary_event
 from core.modes import MODES
 from core.profile import Profile, TunerSpec, load_calibration, load_profile
+from tests.fakes import run_batch
 from tests.fakeserver import FakeOpenAIServer, StreamReply
 
-REPO = Path(__file__).resolve().parent.parent
 SIZE = (160, 48)
 REQUESTS = 240  # enough for percentiles that mean something, few enough for a quick test
 FAST = 400.0  # simulator pace: 400x wall time keeps the run paced (like the real console) yet quick
@@ -50,9 +49,7 @@ def tile(app: SloConsoleApp, tile_id: str) -> KpiTile:
 
 def batch_summary_line(*args: str) -> dict[str, Any]:
     """The last line `slo-console --batch` prints: its summary event for the same profile and seed."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "console", "--batch", *args], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
+    proc = run_batch(*args)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.splitlines()[-1])
 

@@ -9,13 +9,11 @@ import re
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import aiohttp
 
+from tests.fakes import REPO
 from tests.fakeserver import FakeOpenAIServer, StreamReply
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def cli(*args: str) -> list[str]:
@@ -23,7 +21,7 @@ def cli(*args: str) -> list[str]:
 
 
 def env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT)}
+    return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
 def test_usage_and_unreachable_upstream_exit_codes() -> None:
@@ -34,7 +32,7 @@ def test_usage_and_unreachable_upstream_exit_codes() -> None:
         (cli("--port", "0"), 2, "--upstream"),
     ]
     for argv, code, message in cases:
-        done = subprocess.run(argv, capture_output=True, text=True, env=env(), cwd=ROOT, timeout=60)
+        done = subprocess.run(argv, capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)
         assert done.returncode == code, (argv, done.stderr)
         assert message in done.stderr
 
@@ -47,7 +45,7 @@ def test_serves_an_openai_client_and_reports_its_counters_on_sigterm() -> None:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=env(),
-                cwd=ROOT,
+                cwd=REPO,
                 start_new_session=True,
             )
             try:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from collections import Counter
 from dataclasses import dataclass
 
@@ -46,15 +45,10 @@ from core.control.saber.speed_model import SpeedModel, fit_speed_model, speed_sa
 from core.controller_api import TIER_HIGH, Policy
 from core.profile import KnobsSpec, Profile, ServerSpec
 from core.records import RequestRecord, RequestSLO, RequestSpec
-from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.process_group import group_members
+from tests.fakes import VLLM_PYTHON
 
-VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)"),
-]
+pytestmark = pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 
 # --stream-interval 16: vLLM streams 16 tokens per chunk, so the Python client and gateway sharing the 2 cores
 # with vLLM relay 4 chunks per request instead of 64 (the measured thing is admission, not token timing).

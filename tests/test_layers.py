@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.fakes import REPO
+
 # In a child process: import-linter sets up logging for itself, which would leak into later tests' caplog.
 LINT = "import sys; from importlinter.cli import lint_imports; sys.exit(lint_imports(no_cache=True, no_logo=True))"
 
 
 def test_import_contracts_are_kept() -> None:
-    done = subprocess.run([sys.executable, "-c", LINT], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", LINT], cwd=REPO, capture_output=True, text=True, timeout=120)
     report = done.stdout + done.stderr
     assert done.returncode == 0, report
     assert "0 broken" in report, report

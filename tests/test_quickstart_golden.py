@@ -6,23 +6,15 @@ a model fix) regenerates the copy with SLO_CONSOLE_UPDATE_GOLDEN=1 and says so i
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = ROOT / "tests" / "golden" / "quickstart-summary.json"
+from tests.fakes import REPO, run_batch
+
+GOLDEN = REPO / "tests" / "golden" / "quickstart-summary.json"
 UPDATE_GOLDEN = os.environ.get("SLO_CONSOLE_UPDATE_GOLDEN") == "1"
 
 
 def test_quickstart_summary_is_byte_identical_to_the_golden_copy() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "console", "--batch", "--profile", "profiles/quickstart.yaml"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_batch("--profile", "profiles/quickstart.yaml")
     assert done.returncode == 0, done.stderr
     summary = done.stdout.splitlines()[-1] + "\n"
     assert '"event":"summary"' in summary

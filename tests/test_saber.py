@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -12,19 +11,7 @@ from core.control.saber.policy import REQUIRED_SPEED_KEY, SaberPolicy, required_
 from core.control.saber.speed_model import SpeedModel, SpeedSample, fit_all, fit_speed_model, speed_samples
 from core.controller_api import TIER_HIGH, TIER_LOW, ControlledRequest
 from core.records import RequestRecord, RequestSLO, RequestSpec
-
-
-@dataclass
-class FakeReplica:
-    index: int
-    in_flight: dict[int, ControlledRequest] = field(default_factory=dict)
-    engine_waiting: int = 0
-    kv_usage: float = 0.0
-
-    @property
-    def load(self) -> int:
-        return len(self.in_flight)
-
+from tests.fakes import FakeReplica
 
 # f(L) = 100 / (1 + 0.1 (L - 1)): f(1) = 100, f(2) = 90.9, f(3) = 83.3, f(4) = 76.9 tok/s.
 MODEL = SpeedModel(kind="usl", params=(100.0, 0.1, 0.0), r2=1.0, points=0)

