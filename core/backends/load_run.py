@@ -174,7 +174,7 @@ class LoadRun:
         return spec.warmup or ordinal < self.plan.warmup_requests or spec.arrival_s < self.plan.warmup_s
 
     async def _execute(self, spec: RequestSpec, ordinal: int, body: bytes | None, ready_s: float | None = None) -> None:
-        record = self.client.new_record(spec, warmup=self._is_warmup(spec, ordinal))
+        record = RequestRecord.from_spec(spec, warmup=self._is_warmup(spec, ordinal))
         if not record.warmup and not self.measuring:
             self.measuring = True
             # Tell an observer that measures energy: the measurement window starts with this send.
@@ -195,7 +195,7 @@ class LoadRun:
     def _record_not_sent(self, spec: RequestSpec, ordinal: int, why: str) -> None:
         """A request dispatched to the client's queue but never sent: it still gets a record."""
         self.not_sent += 1
-        record = self.client.new_record(spec, warmup=self._is_warmup(spec, ordinal))
+        record = RequestRecord.from_spec(spec, warmup=self._is_warmup(spec, ordinal))
         record.status = Status.NOT_SENT
         record.error = why
         self._finish(record)

@@ -213,13 +213,8 @@ class SimEngine:
 
     def _emit(self, req: SimRequest, end: float, times: np.ndarray, sizes: np.ndarray | None, replica: int) -> None:
         spec = req.spec
-        record = RequestRecord(
-            request_id=spec.request_id,
-            task=spec.task,
-            slo=spec.slo,
-            prompt_tokens=spec.prompt_tokens,
-            max_tokens=spec.output_tokens,
-            scheduled_s=spec.arrival_s,
+        record = RequestRecord.from_spec(
+            spec,
             arrival_s=req.latency_from_s,
             sent_s=req.sent_s,
             status=Status.OK,
@@ -227,9 +222,7 @@ class SimEngine:
             output_tokens=spec.output_tokens,
             chunk_times=times,
             chunk_tokens=sizes,
-            warmup=spec.warmup,
             preemptions=req.preemptions,
-            client_id=spec.client_id,
             tier=req.tier,
             replica=replica,
             dispatched_s=req.dispatched_s,
@@ -245,20 +238,13 @@ class SimEngine:
         controlled: ControlledRequest | None = None,
     ) -> None:
         """A request that no engine served: failed at send, rejected, or still held at the end (deferred)."""
-        record = RequestRecord(
-            request_id=spec.request_id,
-            task=spec.task,
-            slo=spec.slo,
-            prompt_tokens=spec.prompt_tokens,
-            max_tokens=spec.output_tokens,
-            scheduled_s=spec.arrival_s,
-            arrival_s=spec.arrival_s if controlled is None else controlled.arrival_s,
+        record = RequestRecord.from_spec(
+            spec,
+            arrival_s=None if controlled is None else controlled.arrival_s,
             sent_s=t if controlled is None else controlled.state.get("sent_s", t),
             status=status,
             end_s=None if status is Status.DEFERRED else t,
             error=reason,
-            warmup=spec.warmup,
-            client_id=spec.client_id,
             tier=None if controlled is None else controlled.tier,
         )
         self._publish(record, spec, t)
