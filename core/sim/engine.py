@@ -104,7 +104,7 @@ class SimEngine:
         self.clock = 0.0
         self.records: list[RequestRecord] = []
         self.finished = False
-        self.clients = ClientDriver(plan, self._on_send)
+        self.clients = ClientDriver(plan, self._on_send, self._on_not_sent)
 
     def _make_replica(
         self, index: int, calibration: Calibration, knobs: KnobsSpec, rng: np.random.Generator
@@ -249,9 +249,19 @@ class SimEngine:
         )
         self._publish(record, spec, t)
 
+    def _on_not_sent(self, spec: RequestSpec) -> None:
+        """Still queued client-side for an in-flight slot when the run's window closed: never sent."""
+        record = RequestRecord.from_spec(
+            spec, status=Status.NOT_SENT, error="still queued client-side when the run's duration ended"
+        )
+        self._keep(record)
+
     def _publish(self, record: RequestRecord, spec: RequestSpec, end: float) -> None:
-        self.records.append(record)
         self.clients.on_done(spec, end)
+        self._keep(record)
+
+    def _keep(self, record: RequestRecord) -> None:
+        self.records.append(record)
         if self.on_record is not None:
             self.on_record(record)
 
