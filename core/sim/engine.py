@@ -275,8 +275,8 @@ class SimEngine:
 
     def sample(self) -> EngineSample:
         """A snapshot. `extra["busy_s"]` is the cumulative busy time (modelled energy integrates it, so an
-        idle gap between samples adds nothing); power is idle + (peak - idle) x utilisation, utilisation
-        being the busy share of the replicas' time since the previous sample."""
+        idle gap between samples adds nothing); power is the calibration's power model (PowerModel.power_w) at
+        the busy share of the replicas' time since the previous sample."""
         power = self.calibration.power
         running = sum(r.running for r in self.replicas)
         busy_s = self.busy_s
@@ -291,7 +291,7 @@ class SimEngine:
             kv_usage=sum(r.kv_usage for r in self.replicas) / len(self.replicas),
             preemptions_total=self.preemptions,
             generated_tokens_total=int(self.generated_tokens),
-            power_w=None if power is None else power.idle_w + (power.peak_w - power.idle_w) * utilisation,
+            power_w=None if power is None else power.power_w(utilisation),
             extra={"busy_s": float(busy_s)},
         )
 
