@@ -149,16 +149,7 @@ class SimEngine:
             )
             return
         if self._passthrough:
-            req = SimRequest(
-                spec=spec,
-                latency_from_s=scheduled,
-                sent_s=t,
-                dispatched_s=t,
-                prompt_left=spec.prompt_tokens,
-                out_left=spec.output_tokens,
-                tier=TIER_FAST_PATH,
-            )
-            self.replicas[0].enqueue(req, t)
+            self._enqueue(spec, 0, t, latency_from_s=scheduled, sent_s=t, tier=TIER_FAST_PATH)
             return
         controlled = ControlledRequest(spec=spec, arrival_s=scheduled)
         controlled.state["sent_s"] = t
@@ -179,16 +170,37 @@ class SimEngine:
         controlled.replica = replica
         controlled.dispatched_s = now
         self.views[replica].in_flight[controlled.request_id] = controlled
-        spec = controlled.spec
-        req = SimRequest(
-            spec=spec,
+        self._enqueue(
+            controlled.spec,
+            replica,
+            now,
             latency_from_s=controlled.arrival_s,
             sent_s=controlled.state.get("sent_s", now),
+            tier=controlled.tier,
+            controlled=controlled,
+        )
+
+    def _enqueue(
+        self,
+        spec: RequestSpec,
+        replica: int,
+        now: float,
+        *,
+        latency_from_s: float,
+        sent_s: float,
+        tier: str | None,
+        controlled: ControlledRequest | None = None,
+    ) -> None:
+        """Hand `spec` to replica `replica` at `now` (the fast path's send, or the controller's release)."""
+        req = SimRequest(
+            spec=spec,
+            latency_from_s=latency_from_s,
+            sent_s=sent_s,
             dispatched_s=now,
             prompt_left=spec.prompt_tokens,
             out_left=spec.output_tokens,
             controlled=controlled,
-            tier=controlled.tier,
+            tier=tier,
         )
         self.replicas[replica].enqueue(req, now)
 
