@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -91,6 +92,26 @@ class RequestRecord:
     tier: str | None = None
     replica: int | None = None
     dispatched_s: float | None = None
+
+    @classmethod
+    def from_spec(
+        cls, spec: RequestSpec, *, arrival_s: float | None = None, warmup: bool | None = None, **outcome: Any
+    ) -> RequestRecord:
+        """The record of `spec`: the one place a spec's fields become a record's, for the simulator and the
+        live client alike. `arrival_s` (latency counts from it) defaults to the spec's scheduled time, `warmup`
+        to the spec's flag; `outcome` sets the rest of the record's fields (status, end_s, chunk_times, ...)."""
+        return cls(
+            request_id=spec.request_id,
+            task=spec.task,
+            slo=spec.slo,
+            prompt_tokens=spec.prompt_tokens,
+            max_tokens=spec.output_tokens,
+            scheduled_s=spec.arrival_s,
+            arrival_s=spec.arrival_s if arrival_s is None else arrival_s,
+            warmup=spec.warmup if warmup is None else warmup,
+            client_id=spec.client_id,
+            **outcome,
+        )
 
     @property
     def ok(self) -> bool:

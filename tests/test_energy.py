@@ -449,3 +449,29 @@ def test_a_sparse_simulator_run_is_charged_its_busy_time_not_its_idle_gaps() -> 
     # Sample power follows utilisation: not the peak whenever a request is running.
     running = [s.power_w for s in result.outcome.samples if s.running > 0 and s.power_w is not None]
     assert running and min(running) < power.peak_w
+
+
+def test_the_simulators_sampled_power_integrates_to_the_modelled_energy() -> None:
+    """One power model: the power the simulator reports per sample (PowerModel.power_w at the utilisation
+    since the previous sample), held over each interval, adds up to PowerModel.energy_j of its busy time."""
+    from core.profile import load_calibration, load_profile
+    from core.sim.engine import SimEngine
+    from core.workload import build_load_plan
+
+    profile = load_profile("quickstart")
+    arrival = profile.workload.arrival.model_copy(update={"rate_rps": 4.0})  # busy part of the time
+    profile = profile.model_copy(update={"workload": profile.workload.model_copy(update={"arrival": arrival})})
+    calibration = load_calibration(profile)
+    power = calibration.power
+    assert power is not None
+    samples: list[EngineSample] = []
+    engine = SimEngine(
+        calibration, profile.knobs, build_load_plan(profile, requests=200), seed=1, on_sample=samples.append
+    )
+    engine.run()
+    assert len(samples) > 10
+    times = [0.0] + [s.time_s for s in samples]
+    integrated = sum(s.power_w * (t1 - t0) for s, t0, t1 in zip(samples, times[:-1], times[1:], strict=True))  # type: ignore[operator]
+    last = samples[-1]
+    assert integrated == pytest.approx(power.energy_j(last.extra["busy_s"], last.time_s), rel=1e-9)
+    assert power.idle_w * last.time_s < integrated < power.peak_w * last.time_s

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from core.backends.http_client import PromptBuilder, StreamingClient, load_token_counter
-from core.records import RequestSpec, Status
+from core.records import RequestRecord, RequestSpec, Status
 from tests.fakeserver import ErrorReply, FakeOpenAIServer, HangReply, Reply, StreamReply
 
 
@@ -230,7 +230,7 @@ async def test_transport_errors_are_reported_to_the_hook() -> None:
 async def test_cancellation_records_cancelled_and_propagates() -> None:
     async with FakeOpenAIServer(reply=StreamReply(chunk_delay_s=0.5)) as server, aiohttp.ClientSession() as http:
         client = StreamingClient(http, server.base_url, "m")
-        record = client.new_record(spec())
+        record = RequestRecord.from_spec(spec())
         task = asyncio.create_task(client.send(spec(), time.perf_counter(), record))
         await asyncio.sleep(0.2)
         task.cancel()

@@ -173,20 +173,6 @@ class StreamingClient:
             body.update(gateway_slo_fields(spec))
         return body
 
-    @staticmethod
-    def new_record(spec: RequestSpec, warmup: bool | None = None) -> RequestRecord:
-        return RequestRecord(
-            request_id=spec.request_id,
-            task=spec.task,
-            slo=spec.slo,
-            prompt_tokens=spec.prompt_tokens,
-            max_tokens=spec.output_tokens,
-            scheduled_s=spec.arrival_s,
-            arrival_s=spec.arrival_s,
-            warmup=spec.warmup if warmup is None else warmup,
-            client_id=spec.client_id,
-        )
-
     async def send(
         self,
         spec: RequestSpec,
@@ -204,7 +190,7 @@ class StreamingClient:
         On cancellation the record is marked CANCELLED and the CancelledError propagates.
         """
         if record is None:
-            record = self.new_record(spec)
+            record = RequestRecord.from_spec(spec)
         if body is None:
             body = self.encode_body(spec)
         stream = _StreamState(self.continuous_usage)

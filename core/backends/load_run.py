@@ -3,7 +3,9 @@ requests in flight, /metrics sampling, liveness checks after transport errors, a
 
 Open loop: each request is sent at its scheduled `arrival_s` on a monotonic clock, whatever the server
 does; the achieved schedule error is measured and reported. Closed loop: `concurrency` clients each send
-their next request when the previous one ends, plus think time."""
+their next request when the previous one ends, plus think time. The duration window, the request count,
+warm-up and think time follow the sending rules the simulator's clients follow too
+(core/workload/sending.py)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from core.backend_api import EngineSample, LoadPlan, RunObserver, RunOutcome
 from core.backends.http_client import StreamingClient
 from core.records import RequestRecord, RequestSpec, Status
 from core.serve.prom import MetricsUnavailable, VllmMetrics, fetch_metrics
+from core.workload.sending import is_warmup, may_take, next_send_s, within_duration
 
 # A liveness check after a transport failure must answer fast; a busy server still accepts connections.
 LIVENESS_TIMEOUT_S = 2.0
@@ -96,7 +99,7 @@ class LoadRun:
         ready: list[tuple[RequestSpec, bytes | None]] = []
         for spec in itertools.islice(specs, limit):
             ready.append((spec, self.client.encode_body(spec)))
-            if plan.mode == "open" and plan.duration_s is not None and spec.arrival_s >= plan.duration_s:
+            if plan.mode == "open" and not within_duration(spec.arrival_s, plan.duration_s):
                 break  # later arrivals are never sent
         self.requests = itertools.chain(ready, ((spec, None) for spec in specs))
 
@@ -168,17 +171,10 @@ class LoadRun:
     def _may_send(self) -> bool:
         if self.server_lost is not None:
             return False
-        if self.plan.max_requests is not None and self.sent >= self.plan.max_requests:
-            return False
-        return self.plan.duration_s is None or self.now() < self.plan.duration_s
-
-    def _is_warmup(self, spec: RequestSpec, ordinal: int) -> bool:
-        # By the scheduled time (closed loop: the send time), so a client running late on a busy machine
-        # marks the same requests as warm-up as an on-time one would (and as the simulator does).
-        return spec.warmup or ordinal < self.plan.warmup_requests or spec.arrival_s < self.plan.warmup_s
+        return may_take(self.plan, self.sent) and within_duration(self.now(), self.plan.duration_s)
 
     async def _execute(self, spec: RequestSpec, ordinal: int, body: bytes | None, ready_s: float | None = None) -> None:
-        record = self.client.new_record(spec, warmup=self._is_warmup(spec, ordinal))
+        record = RequestRecord.from_spec(spec, warmup=is_warmup(self.plan, spec, ordinal))
         if not record.warmup and not self.measuring:
             self.measuring = True
             # Tell an observer that measures energy: the measurement window starts with this send.
@@ -199,7 +195,7 @@ class LoadRun:
     def _record_not_sent(self, spec: RequestSpec, ordinal: int, why: str) -> None:
         """A request dispatched to the client's queue but never sent: it still gets a record."""
         self.not_sent += 1
-        record = self.client.new_record(spec, warmup=self._is_warmup(spec, ordinal))
+        record = RequestRecord.from_spec(spec, warmup=is_warmup(self.plan, spec, ordinal))
         record.status = Status.NOT_SENT
         record.error = why
         self._finish(record)
@@ -215,10 +211,10 @@ class LoadRun:
         in_flight_cap = asyncio.Semaphore(cap) if cap else None
         duration = self.plan.duration_s
         for spec, body in self.requests:
-            if duration is not None and spec.arrival_s >= duration:
+            if not within_duration(spec.arrival_s, duration):
                 break
             await self._sleep_unless_lost(spec.arrival_s - self.now())
-            if duration is not None and self.now() >= duration and self.server_lost is None:
+            if not within_duration(self.now(), duration) and self.server_lost is None:
                 # Planned inside the run but due only after it ended: the client fell behind its schedule (a
                 # busy machine, a blocking observer). It is part of the plan, so it gets a record.
                 self._record_not_sent(spec, self.sent, "its send time came after the run's duration ended")
@@ -256,11 +252,10 @@ class LoadRun:
             raise
         try:
             waited = self.now() - dispatched
-            duration = self.plan.duration_s
             if self.server_lost is not None:
                 self._record_not_sent(spec, ordinal, "still queued client-side when the server was lost")
                 return
-            if duration is not None and self.now() >= duration:
+            if not within_duration(self.now(), self.plan.duration_s):
                 self._record_not_sent(spec, ordinal, "still queued client-side when the run's duration ended")
                 return
             self.queue_waits.append(waited)
@@ -281,7 +276,8 @@ class LoadRun:
                 ordinal = self.sent
                 self.sent += 1
                 await self._execute(spec, ordinal, body)
-                await self._sleep_unless_lost(self.plan.think_time_s)
+                ended = self.now()
+                await self._sleep_unless_lost(next_send_s(self.plan, ended) - ended)
 
         for client_id in range(max(1, self.plan.concurrency or 1)):
             self._spawn(client_loop(client_id))

@@ -1,7 +1,7 @@
-"""Modelled energy for simulator runs, from the calibration's power model.
+"""Modelled energy for simulator runs, from the calibration's power model (core/profile PowerModel).
 
 P = idle_w + (peak_w - idle_w) * u, where u is the engine's utilisation: the share of time it spends
-running batches (its busy time). Integrated over a window,
+running batches (its busy time). Integrated over a window (PowerModel.energy_j),
     E = idle_w * window_s + (peak_w - idle_w) * busy_s,
 with busy_s the engine's own busy seconds inside the window: the simulator's samples carry its
 cumulative busy time (`extra["busy_s"]`), so an idle gap between two samples adds nothing, and a half-busy
@@ -43,7 +43,7 @@ def modelled_energy(
         return unavailable("empty measurement window", method=method, window_s=window_s, device=device)
     # Busy time cannot exceed the window (utilisation is a share); clip rather than over-count.
     busy_s = min(max(busy_s, 0.0), window_s)
-    joules = power.idle_w * window_s + (power.peak_w - power.idle_w) * busy_s
+    joules = power.energy_j(busy_s, window_s)
     return EnergyReading(
         joules=joules,
         avg_power_w=joules / window_s,

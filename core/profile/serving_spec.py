@@ -47,10 +47,21 @@ class PerfTerm(Strict):
 
 
 class PowerModel(Strict):
-    """Modelled accelerator power: idle + (peak - idle) * utilisation (utilisation = busy share)."""
+    """Modelled accelerator power: idle + (peak - idle) * utilisation (utilisation = busy share). The one
+    definition: the simulator's power samples (core/sim/engine.py) and modelled energy
+    (core/energy/modelled.py) both ask it."""
 
     idle_w: Annotated[float, Field(ge=0)]
     peak_w: Annotated[float, Field(ge=0)]
+
+    def power_w(self, utilisation: float) -> float:
+        """Power drawn at `utilisation`, the busy share of the time (0..1)."""
+        return self.idle_w + (self.peak_w - self.idle_w) * utilisation
+
+    def energy_j(self, busy_s: float, window_s: float) -> float:
+        """Energy over a `window_s` window in which the engine was busy `busy_s` seconds: power_w integrated
+        over the window, idle_w * window_s + (peak_w - idle_w) * busy_s."""
+        return self.idle_w * window_s + (self.peak_w - self.idle_w) * busy_s
 
 
 class StallModel(Strict):

@@ -1,6 +1,7 @@
 """The simulated clients of a load plan: open-loop arrivals (with an optional in-flight cap) or closed-loop
-clients with think time. They decide *when* requests leave the client; what happens next is the
-controller's and the engine replicas' business (engine.py).
+clients with think time. They decide *when* requests leave the client, by the sending rules the live load
+run follows too (core/workload/sending.py); what happens next is the controller's and the engine replicas'
+business (engine.py).
 """
 
 from __future__ import annotations
@@ -12,20 +13,24 @@ from collections.abc import Callable, Iterator
 
 from core.backend_api import LoadPlan
 from core.records import RequestSpec
+from core.workload.sending import is_warmup, may_take, next_send_s, within_duration
 
 # (spec, time it leaves the client, time latency is measured from)
 SendCallback = Callable[[RequestSpec, float, float], None]
+# an open-loop request still queued for an in-flight slot when the run's window closed
+NotSentCallback = Callable[[RequestSpec], None]
 
 
 class ClientDriver:
     """Releases a plan's requests in virtual time through `send(spec, sent_s, scheduled_s)`."""
 
-    def __init__(self, plan: LoadPlan, send: SendCallback) -> None:
+    def __init__(self, plan: LoadPlan, send: SendCallback, not_sent: NotSentCallback) -> None:
         self.plan = plan
         self._send_cb = send
+        self._not_sent_cb = not_sent
         self._specs: Iterator[RequestSpec] = plan.requests
         self._lookahead: RequestSpec | None = None
-        self.sent = 0
+        self.taken = 0  # requests taken from the plan: sent, or queued for an in-flight slot
         self.in_flight = 0
         self.blocked: deque[RequestSpec] = deque()  # open loop, waiting for the in-flight cap
         self._client_sends: list[tuple[float, int, int]] = []  # closed loop: (time, client, order)
@@ -41,7 +46,7 @@ class ClientDriver:
     def _pull_spec(self) -> RequestSpec | None:
         if self._exhausted:
             return None
-        if self.plan.max_requests is not None and self.sent >= self.plan.max_requests:
+        if not may_take(self.plan, self.taken):
             self._exhausted = True
             return None
         spec = next(self._specs, None)
@@ -49,16 +54,15 @@ class ClientDriver:
             self._exhausted = True
         return spec
 
-    def _send_window_open(self, t: float) -> bool:
-        return self.plan.duration_s is None or t <= self.plan.duration_s
-
-    def _send(self, spec: RequestSpec, t: float, scheduled: float) -> None:
-        plan = self.plan
-        self.sent += 1
-        self.in_flight += 1
-        spec.warmup = spec.warmup or t < plan.warmup_s or self.sent <= plan.warmup_requests
+    def _take(self, spec: RequestSpec, scheduled: float) -> None:
+        """`spec` is taken from the plan, to be sent at (open loop: from) `scheduled`."""
         spec.arrival_s = scheduled
-        self._send_cb(spec, t, scheduled)
+        spec.warmup = is_warmup(self.plan, spec, self.taken)
+        self.taken += 1
+
+    def _send(self, spec: RequestSpec, t: float) -> None:
+        self.in_flight += 1
+        self._send_cb(spec, t, spec.arrival_s)
 
     def release(self, now: float) -> None:
         """Send every request whose time has come by `now` (open-loop schedule or closed-loop client)."""
@@ -66,29 +70,34 @@ class ClientDriver:
             sends = self._client_sends
             while sends and sends[0][0] <= now:
                 t, client, _ = heapq.heappop(sends)
-                if not self._send_window_open(t):
+                if not within_duration(t, self.plan.duration_s):
                     continue
                 spec = self._pull_spec()
                 if spec is None:
                     continue
                 spec.client_id = client
-                self._send(spec, t, t)
+                self._take(spec, t)
+                self._send(spec, t)
             return
         cap = self.plan.concurrency
         while self.blocked and (cap is None or self.in_flight < cap):
             spec = self.blocked.popleft()
-            self._send(spec, now, spec.arrival_s)
+            if within_duration(now, self.plan.duration_s):
+                self._send(spec, now)
+            else:
+                self._not_sent_cb(spec)
         while self._lookahead is not None and self._lookahead.arrival_s <= now:
             spec = self._lookahead
-            self._lookahead = self._pull_spec()
-            if not self._send_window_open(spec.arrival_s):
+            if not within_duration(spec.arrival_s, self.plan.duration_s):
                 self._lookahead = None
                 self._exhausted = True
                 break
+            self._take(spec, spec.arrival_s)
+            self._lookahead = self._pull_spec()
             if cap is not None and (self.in_flight >= cap or self.blocked):
                 self.blocked.append(spec)
             else:
-                self._send(spec, spec.arrival_s, spec.arrival_s)
+                self._send(spec, spec.arrival_s)
 
     def next_send_time(self) -> float:
         if self.plan.mode == "closed":
@@ -101,7 +110,7 @@ class ClientDriver:
         """A request this client sent has ended at `t` (served, failed or refused)."""
         self.in_flight -= 1
         if self.plan.mode == "closed" and spec.client_id is not None:
-            heapq.heappush(self._client_sends, (t + self.plan.think_time_s, spec.client_id, self._send_order))
+            heapq.heappush(self._client_sends, (next_send_s(self.plan, t), spec.client_id, self._send_order))
             self._send_order += 1
 
     def done(self) -> bool:

@@ -104,7 +104,7 @@ class SimEngine:
         self.clock = 0.0
         self.records: list[RequestRecord] = []
         self.finished = False
-        self.clients = ClientDriver(plan, self._on_send)
+        self.clients = ClientDriver(plan, self._on_send, self._on_not_sent)
 
     def _make_replica(
         self, index: int, calibration: Calibration, knobs: KnobsSpec, rng: np.random.Generator
@@ -149,16 +149,7 @@ class SimEngine:
             )
             return
         if self._passthrough:
-            req = SimRequest(
-                spec=spec,
-                latency_from_s=scheduled,
-                sent_s=t,
-                dispatched_s=t,
-                prompt_left=spec.prompt_tokens,
-                out_left=spec.output_tokens,
-                tier=TIER_FAST_PATH,
-            )
-            self.replicas[0].enqueue(req, t)
+            self._enqueue(spec, 0, t, latency_from_s=scheduled, sent_s=t, tier=TIER_FAST_PATH)
             return
         controlled = ControlledRequest(spec=spec, arrival_s=scheduled)
         controlled.state["sent_s"] = t
@@ -179,16 +170,37 @@ class SimEngine:
         controlled.replica = replica
         controlled.dispatched_s = now
         self.views[replica].in_flight[controlled.request_id] = controlled
-        spec = controlled.spec
-        req = SimRequest(
-            spec=spec,
+        self._enqueue(
+            controlled.spec,
+            replica,
+            now,
             latency_from_s=controlled.arrival_s,
             sent_s=controlled.state.get("sent_s", now),
+            tier=controlled.tier,
+            controlled=controlled,
+        )
+
+    def _enqueue(
+        self,
+        spec: RequestSpec,
+        replica: int,
+        now: float,
+        *,
+        latency_from_s: float,
+        sent_s: float,
+        tier: str | None,
+        controlled: ControlledRequest | None = None,
+    ) -> None:
+        """Hand `spec` to replica `replica` at `now` (the fast path's send, or the controller's release)."""
+        req = SimRequest(
+            spec=spec,
+            latency_from_s=latency_from_s,
+            sent_s=sent_s,
             dispatched_s=now,
             prompt_left=spec.prompt_tokens,
             out_left=spec.output_tokens,
             controlled=controlled,
-            tier=controlled.tier,
+            tier=tier,
         )
         self.replicas[replica].enqueue(req, now)
 
@@ -213,13 +225,8 @@ class SimEngine:
 
     def _emit(self, req: SimRequest, end: float, times: np.ndarray, sizes: np.ndarray | None, replica: int) -> None:
         spec = req.spec
-        record = RequestRecord(
-            request_id=spec.request_id,
-            task=spec.task,
-            slo=spec.slo,
-            prompt_tokens=spec.prompt_tokens,
-            max_tokens=spec.output_tokens,
-            scheduled_s=spec.arrival_s,
+        record = RequestRecord.from_spec(
+            spec,
             arrival_s=req.latency_from_s,
             sent_s=req.sent_s,
             status=Status.OK,
@@ -227,9 +234,7 @@ class SimEngine:
             output_tokens=spec.output_tokens,
             chunk_times=times,
             chunk_tokens=sizes,
-            warmup=spec.warmup,
             preemptions=req.preemptions,
-            client_id=spec.client_id,
             tier=req.tier,
             replica=replica,
             dispatched_s=req.dispatched_s,
@@ -245,27 +250,30 @@ class SimEngine:
         controlled: ControlledRequest | None = None,
     ) -> None:
         """A request that no engine served: failed at send, rejected, or still held at the end (deferred)."""
-        record = RequestRecord(
-            request_id=spec.request_id,
-            task=spec.task,
-            slo=spec.slo,
-            prompt_tokens=spec.prompt_tokens,
-            max_tokens=spec.output_tokens,
-            scheduled_s=spec.arrival_s,
-            arrival_s=spec.arrival_s if controlled is None else controlled.arrival_s,
+        record = RequestRecord.from_spec(
+            spec,
+            arrival_s=None if controlled is None else controlled.arrival_s,
             sent_s=t if controlled is None else controlled.state.get("sent_s", t),
             status=status,
             end_s=None if status is Status.DEFERRED else t,
             error=reason,
-            warmup=spec.warmup,
-            client_id=spec.client_id,
             tier=None if controlled is None else controlled.tier,
         )
         self._publish(record, spec, t)
 
+    def _on_not_sent(self, spec: RequestSpec) -> None:
+        """Still queued client-side for an in-flight slot when the run's window closed: never sent."""
+        record = RequestRecord.from_spec(
+            spec, status=Status.NOT_SENT, error="still queued client-side when the run's duration ended"
+        )
+        self._keep(record)
+
     def _publish(self, record: RequestRecord, spec: RequestSpec, end: float) -> None:
-        self.records.append(record)
         self.clients.on_done(spec, end)
+        self._keep(record)
+
+    def _keep(self, record: RequestRecord) -> None:
+        self.records.append(record)
         if self.on_record is not None:
             self.on_record(record)
 
@@ -279,8 +287,8 @@ class SimEngine:
 
     def sample(self) -> EngineSample:
         """A snapshot. `extra["busy_s"]` is the cumulative busy time (modelled energy integrates it, so an
-        idle gap between samples adds nothing); power is idle + (peak - idle) x utilisation, utilisation
-        being the busy share of the replicas' time since the previous sample."""
+        idle gap between samples adds nothing); power is the calibration's power model (PowerModel.power_w) at
+        the busy share of the replicas' time since the previous sample."""
         power = self.calibration.power
         running = sum(r.running for r in self.replicas)
         busy_s = self.busy_s
@@ -295,7 +303,7 @@ class SimEngine:
             kv_usage=sum(r.kv_usage for r in self.replicas) / len(self.replicas),
             preemptions_total=self.preemptions,
             generated_tokens_total=int(self.generated_tokens),
-            power_w=None if power is None else power.idle_w + (power.peak_w - power.idle_w) * utilisation,
+            power_w=None if power is None else power.power_w(utilisation),
             extra={"busy_s": float(busy_s)},
         )
 

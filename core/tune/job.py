@@ -304,6 +304,8 @@ def _headline(segment: Segment | None) -> dict[str, Any]:
 
 
 def tune_summary_event(result: TuneResult) -> dict[str, Any]:
+    """The one summary of a tune result: what it found (baseline against tuned) and what it cost. The batch
+    contract's last line (`tune_batch_summary`) takes its figures from here."""
     slo_s = result.profile.slo.e2e_s
     tuned = result.tuned
     return make_event(
@@ -330,10 +332,11 @@ def tune_summary_event(result: TuneResult) -> dict[str, Any]:
 
 def tune_batch_summary(result: TuneResult) -> dict[str, Any]:
     """The batch contract's last line: the tuned configuration's headline metrics (the final
-    re-measurement's summary, every field a `run` summary has), plus what the tuning found and cost."""
+    re-measurement's summary, every field a `run` summary has), plus what the tuning found and cost, as
+    the tune summary (`tune_summary_event`) says it under the batch contract's flat names."""
     tuned = result.tuned
     headline = dict(tuned.summary) if tuned is not None else {}
-    baseline = result.baseline
+    account = tune_summary_event(result)
     return make_event(
         "summary",
         job="tune",
@@ -342,15 +345,15 @@ def tune_batch_summary(result: TuneResult) -> dict[str, Any]:
         seed=result.seed,
         interrupted=result.interrupted,
         **headline,
-        tuned_knobs=None if tuned is None else tuned.point.as_dict(),
+        tuned_knobs=account["tuned"]["knobs"],
         baseline_knobs=result.start.as_dict(),
-        baseline_p99_s=None if baseline is None else baseline.p99_s,
-        baseline_goodput_rps=None if baseline is None else baseline.goodput_rps,
-        goodput_gain_x=result.goodput_gain(),
-        algorithm=result.algorithm,
-        guided=result.guided,
-        segments_used=result.segments_used,
-        sim_segments=result.sim_segments,
-        live_segments_saved=result.live_segments_saved,
-        tune_wall_s=result.wall_s,
+        baseline_p99_s=account["baseline"]["p99_s"],
+        baseline_goodput_rps=account["baseline"]["goodput_rps"],
+        goodput_gain_x=account["goodput_gain_x"],
+        algorithm=account["algorithm"],
+        guided=account["guided"],
+        segments_used=account["segments_used"],
+        sim_segments=account["sim_segments"],
+        live_segments_saved=account["live_segments_saved"],
+        tune_wall_s=account["wall_s"],
     )

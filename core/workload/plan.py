@@ -28,6 +28,7 @@ from core.profile import (
 from core.records import RequestSLO, RequestSpec
 from core.workload.arrivals import ArrivalProcess, make_arrival_process
 from core.workload.lengths import LengthModelError, LengthSampler, make_length_sampler
+from core.workload.sending import within_duration
 from core.workload.trace import TraceTable, load_trace
 
 BLOCK_SIZE = 4096
@@ -128,7 +129,7 @@ def _synthetic_specs(
         for i, (k, prompt, output, arrival_s) in enumerate(
             zip(task_index.tolist(), prompts.tolist(), outputs.tolist(), times, strict=True)
         ):
-            if arrivals is not None and duration_s is not None and arrival_s >= duration_s:
+            if arrivals is not None and not within_duration(arrival_s, duration_s):
                 return  # open loop: nothing is sent at or after the end of the window
             request_id = next_id + i
             yield RequestSpec(
@@ -162,7 +163,7 @@ def _trace_specs(
     outputs = trace.output_tokens.tolist()
     for request_id in range(count):
         arrival_s = arrivals[request_id]
-        if duration_s is not None and arrival_s >= duration_s:
+        if not within_duration(arrival_s, duration_s):
             return
         task_name = trace.tasks[request_id]
         task = by_name.get(task_name) if task_name is not None else None
