@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from core.backends.base import LoadPlan, RunOutcome
+from core.backend_api import LoadPlan, RunOutcome
 from core.backends.live import UrlBackend
 from core.backends.sim import SimBackend
 from core.profile import KnobsSpec

@@ -26,7 +26,7 @@ in the other).
 
 from __future__ import annotations
 
-from core.backends.base import LoadPlan
+from core.backend_api import LoadPlan
 from core.records import RequestSpec
 
 
