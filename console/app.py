@@ -40,7 +40,7 @@ from core.jobs import RunOptions, RunResult, run_workload, summary_event
 from core.profile import KnobsSpec, Profile, ProfileError, TunerSpec
 
 EXIT_OK = 0
-EXIT_USAGE = 2  # same codes as the batch runner (core/batch.py)
+EXIT_USAGE = 2  # same codes as the batch runner (console/batch.py)
 
 # A progress event per this many finished requests: at 14 req/s that is about three panel updates a second
 # of run time (the batch runner's 250 suits a log, not a live panel).

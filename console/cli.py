@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.duration_s is not None and args.duration_s <= 0:
         parser.error(f"--duration must be positive seconds (got {args.duration_s})")
     if args.batch:
-        from core.batch import BatchArgs, run_batch
+        from console.batch import BatchArgs, run_batch
 
         return run_batch(
             BatchArgs(

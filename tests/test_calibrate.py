@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.batch import EXIT_BACKEND, EXIT_USAGE, BatchArgs, run_batch
+from console.batch import EXIT_BACKEND, EXIT_USAGE, BatchArgs, run_batch
 from core.calibrate.fit import (
     FitError,
     StepObservation,
