@@ -53,11 +53,5 @@ def export_factsheet(
 ) -> tuple[Path, Path]:
     """Write factsheet.json and factsheet.md under `out_dir` (created) and return their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    json_path, markdown_path = write_run_factsheet(
-        result,
-        out_dir,
-        command_line,
-        tuning=tuning,
-        scheduling_mode=(result.knobs or result.profile.knobs).scheduling_policy,
-    )
+    json_path, markdown_path = write_run_factsheet(result, out_dir, command_line, tuning=tuning)
     return Path(json_path), Path(markdown_path)

@@ -22,7 +22,7 @@ from core.backends.base import BackendUnavailable
 from core.events import EventSink, make_event, null_sink
 from core.jobs import RunOptions, RunResult, run_workload
 from core.metrics import Summary
-from core.profile import Profile, ProfileError
+from core.profile import Profile, ProfileError, parse_scheduling_mode
 from core.records import Status
 
 BEST_STATIC = "fcfs-best-static"
@@ -118,10 +118,8 @@ async def run_compare(
     """Run every mode (default: all of `MODES`) and the best static cap on the same seeded arrivals."""
     from core.control.modes import MODES
 
-    names = list(MODES) if modes is None else list(modes)
-    unknown = [name for name in names if name not in MODES and name != BEST_STATIC]
-    if unknown:
-        raise ProfileError(f"mode {unknown[0]!r} is not available; choose from: {', '.join([*MODES, BEST_STATIC])}")
+    asked = MODES if modes is None else modes
+    names = [name if name == BEST_STATIC else parse_scheduling_mode(name, "mode") for name in asked]
     if profile.workload.arrival is not None and profile.workload.arrival.kind == "closed":
         raise ProfileError(
             f"{profile.name}: --job compare needs open-loop arrivals (a closed loop would let a policy slow the"
@@ -139,7 +137,7 @@ async def run_compare(
             continue
         t0 = time.perf_counter()
         try:
-            result, policy = await run_mode(profile.model_copy(update={"mode": name}), name, seed, options)
+            result, policy = await run_mode(profile.with_mode(name), name, seed, options)
         except ProfileError as exc:  # a mode this workload cannot run (e.g. SABER on a trace without tasks)
             skipped[name] = str(exc)
             sink(make_event("compare_row", mode=name, skipped=str(exc)))

@@ -147,3 +147,25 @@ def test_core_never_imports_console_or_textual(module: str) -> None:
             if banned in text:
                 offenders.append(f"{path.relative_to(REPO)}: {banned}")
     assert not offenders
+
+
+def test_mode_saber_is_the_mode_in_the_summary_and_the_factsheet(tmp_path: Path) -> None:
+    """--mode reaches the job on one channel (the profile's mode) and the mode that ran is reported."""
+    out = tmp_path / "saber"
+    proc = run_cli("--batch", "--mode", "saber", "--requests", "200", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = events(proc.stdout)
+    assert lines[0]["scheduling_mode"] == "saber" and lines[0]["backend"]["mode"] == "saber"
+    assert lines[-1]["scheduling_mode"] == "saber"
+    assert json.loads((out / "summary.json").read_text())["scheduling_mode"] == "saber"
+    factsheet = json.loads((out / "factsheet.json").read_text())
+    assert factsheet["configuration"]["scheduling_mode"] == "saber"
+    assert "Scheduling mode: saber" in (out / "factsheet.md").read_text()
+    # Without --mode the profile's own mode runs and is reported.
+    assert events(run_cli("--batch", "--requests", "50").stdout)[-1]["scheduling_mode"] == "fcfs"
+
+
+def test_unknown_mode_is_a_usage_error_that_names_the_modes() -> None:
+    proc = run_cli("--batch", "--mode", "sabre", "--requests", "10")
+    assert proc.returncode == 2
+    assert "saber" in proc.stderr and "Traceback" not in proc.stderr

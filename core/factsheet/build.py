@@ -33,7 +33,7 @@ from core.factsheet.model import (
     WorkloadSection,
 )
 from core.factsheet.sustainability import sustainability_section
-from core.profile import KnobsSpec, Profile, SLOSpec, profile_hash, profile_source
+from core.profile import DEFAULT_MODE, KnobsSpec, Profile, SchedulingMode, SLOSpec, profile_hash, profile_source
 
 SIMULATOR_BACKENDS = {"sim", "simulator"}
 
@@ -90,7 +90,7 @@ class FactsheetInputs:
     command_line: Sequence[str]
     seed: int
     started_at: datetime
-    scheduling_mode: str = "fcfs"
+    scheduling_mode: SchedulingMode = DEFAULT_MODE  # the mode that ran (RunResult.scheduling_mode)
     host: HostInfo | None = None
     git_revision: str | None = None
     generated_at: datetime | None = None

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from core.profile.scheduling_mode import SchedulingMode
+
 SCHEMA_VERSION = "1.0"
 
 FigureBasis = Literal["measured", "modelled", "estimated", "unavailable"]
@@ -73,7 +75,7 @@ class SystemSection(Section):
 
 class ConfigurationSection(Section):
     backend: str
-    scheduling_mode: str
+    scheduling_mode: SchedulingMode = Field(description="The scheduling mode that ran")
     knobs: dict[str, Scalar]
 
 

@@ -48,7 +48,6 @@ def factsheet_for_run(
     command_line: Sequence[str],
     *,
     tuning: Mapping[str, Any] | None = None,
-    scheduling_mode: str = "fcfs",
 ) -> Factsheet:
     return build_factsheet(
         FactsheetInputs(
@@ -62,7 +61,7 @@ def factsheet_for_run(
             command_line=list(command_line),
             seed=result.seed,
             started_at=result.started_at or datetime.now(UTC),
-            scheduling_mode=scheduling_mode,
+            scheduling_mode=result.scheduling_mode,
         )
     )
 

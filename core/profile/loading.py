@@ -9,14 +9,11 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from core.profile.errors import ProfileError
 from core.profile.model import Profile
 from core.profile.serving_spec import Calibration
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent.parent / "profiles"
-
-
-class ProfileError(ValueError):
-    """A profile could not be read or is invalid. The message is one line naming cause and fix."""
 
 
 def _format_validation(path: Path, err: ValidationError) -> str:
