@@ -72,6 +72,7 @@ class CompareResult:
     wall_s: float
     interrupted: bool = False
     skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it could not run on this profile
+    runs: dict[str, RunResult] = field(default_factory=dict)  # mode -> its whole run (the factsheet's)
 
     def row(self, mode: str) -> ModeRow:
         return next(r for r in self.rows if r.mode == mode)
@@ -130,6 +131,7 @@ async def run_compare(
     start = time.perf_counter()
     sink(make_event("start", job="compare", profile=profile.name, seed=seed, modes=[*names, BEST_STATIC]))
     rows: list[ModeRow] = []
+    runs: dict[str, RunResult] = {}
     skipped: dict[str, str] = {}
     interrupted = False
     for name in names:
@@ -142,6 +144,7 @@ async def run_compare(
             skipped[name] = str(exc)
             sink(make_event("compare_row", mode=name, skipped=str(exc)))
             continue
+        runs[name] = result
         rows.append(
             ModeRow(
                 name,
@@ -174,7 +177,7 @@ async def run_compare(
             policy = {"mode": "fcfs", "static_sweep": {str(k): v for k, v in sweep.items()}}
             rows.append(ModeRow(BEST_STATIC, cap, speculation, result.summary, time.perf_counter() - t0, policy))
             sink(make_event("compare_row", mode=BEST_STATIC, **rows[-1].fields()))
-    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped)
+    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped, runs)
 
 
 def compare_summary_event(result: CompareResult) -> dict[str, Any]:

@@ -48,7 +48,10 @@ def factsheet_for_run(
     command_line: Sequence[str],
     *,
     tuning: Mapping[str, Any] | None = None,
+    **job: Any,
 ) -> Factsheet:
+    """The factsheet of one run. `job`: FactsheetInputs fields of a job built on this run (job, headline,
+    compare: core/factsheet/jobs.py)."""
     return build_factsheet(
         FactsheetInputs(
             profile=result.profile,
@@ -62,6 +65,7 @@ def factsheet_for_run(
             seed=result.seed,
             started_at=result.started_at or datetime.now(UTC),
             scheduling_mode=result.scheduling_mode,
+            **job,
         )
     )
 

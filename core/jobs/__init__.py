@@ -2,6 +2,8 @@
 batch CLI and the console.
 
 run.py       the run job: a profile's workload on a backend, events on a sink, a `RunResult`
+options.py   `OperatorOptions`: what the operator asked for, the one dataclass both front ends build from
+registry.py  `JOBS`: every job by name (run, tune, calibrate, compare, capacity), its summary, factsheet, report
 """
 
 from core.jobs.run import (
