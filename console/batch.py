@@ -1,7 +1,9 @@
 """Headless batch runner: `slo-console --batch ...`. JSON Lines on stdout, logs on stderr.
 
-Never imports Textual (tests/test_batch.py proves it). Exit codes (also in README):
-  0 ok, 2 bad usage or profile, 3 backend unavailable, 4 the run failed, 130 interrupted (Ctrl-C).
+Every job comes from the jobs registry (core/jobs/registry.py); this front end streams its events, writes
+--out (events.jsonl, requests.jsonl for a run, summary.json, factsheet.json/.md), logs the job's report and
+ends stderr with the verdict line (SLO met or violated, by how much). Never imports Textual
+(tests/test_batch.py proves it). Exit codes: core/exit_codes.py.
 """
 
 from __future__ import annotations
@@ -13,36 +15,18 @@ import logging
 import signal
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from core.backends.base import BackendUnavailable
-from core.events import Event, make_event, to_json_line
-from core.profile import Profile, ProfileError, load_profile
-
-EXIT_OK = 0
-EXIT_USAGE = 2
-EXIT_BACKEND = 3
-EXIT_FAILED = 4
-EXIT_INTERRUPTED = 130
+from core.events import Event, to_json_line
+from core.exit_codes import ExitCode
+from core.jobs.options import OperatorOptions
+from core.jobs.registry import JOBS, JobContext, JobFailed, JobSpec
+from core.jobs.run import RunResult
+from core.profile import ProfileError
 
 log = logging.getLogger("slo_console")
-
-
-@dataclass(slots=True)
-class BatchArgs:
-    profile: str
-    job: str = "run"
-    backend: str = "sim"
-    url: str | None = None
-    seed: int | None = None
-    requests: int | None = None
-    duration_s: float | None = None
-    out: Path | None = None
-    argv: list[str] | None = None
-    resume: bool = False  # --job tune: continue the journal in --out instead of starting a new one
-    mode: str | None = None  # --mode: the scheduling mode (core/control/modes.py); None: the profile's `mode`
 
 
 class EventWriter:
@@ -139,225 +123,17 @@ class RequestWriter:
             self.file = None
 
 
-def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
-    from core.backends.factory import make_backend
-    from core.jobs import RunOptions, run_workload, summary_event
-
-    profile = _apply_mode(args, profile)
-    if args.job == "compare":
-        return _run_compare_job(args, profile, sink)
-    if args.job == "tune":
-        return _run_tune_job(args, profile, sink)
-    if args.job == "calibrate":
-        return _run_calibrate_job(args, profile, sink)
-    if args.job == "capacity":
-        return _run_capacity_job(args, profile, sink)
-    if args.job != "run":
-        raise ProfileError(
-            f"--job {args.job}: not available in this version; use --job run, tune, calibrate, compare or capacity"
-        )
-    backend = make_backend(args.backend, profile, seed=args.seed, url=args.url, mode=args.mode)  # type: ignore[arg-type]
-    requests = RequestWriter(args.out / "requests.jsonl") if args.out is not None else None
-    options = RunOptions(seed=args.seed, requests=args.requests, duration_s=args.duration_s, on_record=requests)
-
-    async def job() -> Any:
-        try:
-            return await run_workload(profile, backend, sink, options)
-        finally:
-            await backend.close()
-
-    try:
-        result = asyncio.run(_run_cancellable(job))
-    finally:
-        if requests is not None:
-            requests.close()
-    final = summary_event(result)
-    log.info(
-        "%s: %d requests (%d failed) in %.2f s wall; p99 %.3f s, goodput %.2f req/s",
-        profile.name,
-        result.summary.requests,
-        result.summary.failed,
-        result.wall_s,
-        result.summary.p99_s,
-        result.summary.goodput_rps,
-    )
-    if args.out is not None:
-        assert requests is not None
-        requests.finish(result.records)
-        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
-        _write_factsheet(args, result)
-    sink(final)
-    if result.interrupted:
-        log.warning("interrupted: the summary covers the requests finished before Ctrl-C")
-        return EXIT_INTERRUPTED
-    if result.summary.requests > 0 and result.summary.completed == 0:
-        log.error("every request failed; see the error field in requests.jsonl (--out) for the cause")
-        return EXIT_FAILED
-    return EXIT_OK
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _apply_mode(args: BatchArgs, profile: Profile) -> Profile:
-    """--mode overrides the profile's `mode`; an unknown name (either place) is a usage error (exit 2)."""
-    from core.control.modes import MODES
-
-    name = args.mode if args.mode is not None else profile.mode
-    if name not in MODES:
-        where = "--mode" if args.mode is not None else f"{args.profile}: mode"
-        raise ProfileError(f"{where} {name!r} is not a scheduling mode; choose one of: {', '.join(MODES)}")
-    return profile if name == profile.mode else profile.model_copy(update={"mode": name})
-
-
-def _run_compare_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
-    """--job compare: every mode and the best static max_num_seqs on the same arrivals (core/compare.py)."""
-    from core.compare import compare_summary_event, format_table, run_compare
-
-    if args.backend != "sim":
-        raise ProfileError("--job compare runs on the simulator; drop --backend (live modes: --job run --mode NAME)")
-    if args.mode is not None:
-        log.info("--job compare runs every mode; --mode %s is ignored", args.mode)
-    result = asyncio.run(
-        _run_cancellable(
-            lambda: run_compare(profile, seed=args.seed, requests=args.requests, duration_s=args.duration_s, sink=sink)
-        )
-    )
-    final = compare_summary_event(result)
-    log.info("%s: compare, seed %d, %.1f s wall\n%s", profile.name, result.seed, result.wall_s, format_table(result))
-    for mode, reason in result.skipped.items():
-        log.warning("mode %s skipped: %s", mode, reason)
-    if args.out is not None:
-        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
-    sink(final)
-    if result.interrupted:
-        log.warning("interrupted: the table covers the modes finished before Ctrl-C")
-        return EXIT_INTERRUPTED
-    return EXIT_OK
-
-
-def _run_capacity_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
-    """--job capacity: each mode's highest rate at >= 90% SLO attainment, by bisection on the simulator."""
-    from core.capacity import format_table, run_capacity
-
-    if args.backend != "sim":
-        raise ProfileError("--job capacity bisects on the simulator; drop --backend")
-    # --mode NAME: that mode beside the fcfs baseline; without it, every mode.
-    modes = None if args.mode is None else list(dict.fromkeys(["fcfs", args.mode]))
-    results = asyncio.run(
-        _run_cancellable(lambda: run_capacity(profile, modes=modes, seed=args.seed, requests=args.requests, sink=sink))
-    )
-    table = format_table(profile, results)
-    log.info("%s", table)
-    final = make_event(
-        "summary",
-        job="capacity",
-        profile=profile.name,
-        replicas=profile.replicas,
-        modes={r.mode: r.fields() for r in results},
-    )
-    if args.out is not None:
-        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
-    sink(final)
-    return EXIT_OK
-
-
-def _run_tune_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
-    """--job tune: SLO-Tuner (core/tune). The journal goes to --out, else runs/tune-<profile>/, so that
-    `--resume` with the same command finds it."""
-    from core.tune.job import run_tune, tune_batch_summary
-    from core.tune.journal import JOURNAL_NAME
-
-    out_dir = args.out if args.out is not None else _prepare_out(Path("runs") / f"tune-{profile.name}")
-    assert out_dir is not None
-    # A live tune sends thousands of requests; httpx would log each one at INFO on stderr.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    result = asyncio.run(
-        _run_cancellable(
-            lambda: run_tune(
-                profile,
-                backend_kind=args.backend,
-                sink=sink,
-                seed=args.seed,
-                journal_path=out_dir / JOURNAL_NAME,
-                resume=args.resume,
-            )
-        )
-    )
-    final = tune_batch_summary(result)
-    if args.out is not None:
-        (args.out / "summary.json").write_text(json.dumps(final, indent=2, sort_keys=True) + "\n")
-    sink(final)
-    log.info("tune journal: %s", out_dir / JOURNAL_NAME)
-    if result.interrupted:
-        log.warning("interrupted: finished segments are in the journal; run again with --resume to continue")
-        return EXIT_INTERRUPTED
-    tuned = result.tuned
-    if tuned is None or not tuned.ok:
-        log.error("no configuration could be measured; see the error field of the tune_segment events")
-        return EXIT_FAILED
-    baseline = result.baseline
-    slo_s = profile.slo.e2e_s
-    log.info(
-        "%s: tuned %s: p99 %.3f s (%s the %.3g s SLO), goodput %.2f req/s, x%.2f the baseline's; baseline = the "
-        "profile's knobs (%s): p99 %s s, goodput %s req/s; %d segments",
-        profile.name,
-        tuned.point.label(),
-        tuned.p99_s,
-        "meets" if slo_s is not None and tuned.p99_s <= slo_s else "misses",
-        slo_s,
-        tuned.goodput_rps,
-        result.goodput_gain(),
-        result.start.label(),
-        "n/a" if baseline is None else f"{baseline.p99_s:.3f}",
-        "n/a" if baseline is None else f"{baseline.goodput_rps:.2f}",
-        result.segments_used,
-    )
-    return EXIT_OK
-
-
-def _run_calibrate_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
-    """--job calibrate: sweep the live server, fit the simulator's model (core/calibrate); the calibration
-    YAML goes to --out, else runs/calibrate-<profile>/."""
-    from core.calibrate.job import CalibrationFailed, run_calibrate
-
-    out_dir = args.out if args.out is not None else _prepare_out(Path("runs") / f"calibrate-{profile.name}")
-    assert out_dir is not None
-    command = " ".join(args.argv) if args.argv else "slo-console --batch --job calibrate"
-    try:
-        result = asyncio.run(
-            _run_cancellable(
-                lambda: run_calibrate(
-                    profile, backend_kind=args.backend, url=args.url, sink=sink, out_dir=out_dir, command=command
-                )
-            )
-        )
-    except CalibrationFailed as exc:
-        log.error("calibration failed: %s", exc)
-        return EXIT_FAILED
-    if result.interrupted or result.calibration is None or result.fit is None:
-        log.warning("interrupted: no calibration written; the points measured so far are in %s", out_dir)
-        return EXIT_INTERRUPTED
-    log.info(
-        "%s: calibration written to %s (%d observations, RMS error %.1f%%)",
-        profile.name,
-        result.path,
-        len(result.fit.observations),
-        100 * result.fit.rms_relative_error,
-    )
-    return EXIT_OK
-
-
-def _write_factsheet(args: BatchArgs, result: Any) -> None:
-    from core.factsheet.run import write_run_factsheet
-
-    paths = write_run_factsheet(result, args.out, args.argv or [])
-    log.info("factsheet written: %s", ", ".join(str(p) for p in paths))
-
-
-def run_batch(args: BatchArgs, stdout: IO[str] | None = None) -> int:
+def run_batch(options: OperatorOptions, stdout: IO[str] | None = None) -> int:
+    """Run `options.job` headless; returns the exit code (core/exit_codes.py)."""
     logging.basicConfig(level=logging.INFO, format="slo-console: %(message)s", stream=sys.stderr)
     # httpx and httpcore log every request at INFO; a live run sends thousands.
     for noisy in ("httpx", "httpcore"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    if args.backend == "vllm":
+    if options.backend == "vllm":
         # SIGTERM/SIGHUP unwind like Ctrl-C, so the atexit hook stops the vLLM process group we start.
         from core.serve.process import install_termination_handlers
 
@@ -365,22 +141,66 @@ def run_batch(args: BatchArgs, stdout: IO[str] | None = None) -> int:
             install_termination_handlers()
     stdout = stdout or sys.stdout
     try:
-        profile = load_profile(args.profile)
-        args.out = _prepare_out(args.out)
-        sink = EventWriter(stdout, args.out)
+        options.check()
+        spec = JOBS[options.job]
+        spec.check(options)
+        profile = options.load_profile()
+        options.out = _prepare_out(options.out)
+        # The job's own files (a tune's journal, a calibration) without --out: runs/<job>-<profile>/, so
+        # that `--resume` with the same command finds them.
+        job_dir = options.out if options.out is not None else _prepare_out(spec.default_out(profile))
+        sink = EventWriter(stdout, options.out)
     except ProfileError as exc:
         log.error("%s", exc)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
-        return _run_job(args, profile, sink)
-    except ProfileError as exc:
-        log.error("%s", exc)
-        return EXIT_USAGE
-    except BackendUnavailable as exc:
-        log.error("backend unavailable: %s", exc)
-        return EXIT_BACKEND
-    except KeyboardInterrupt:
-        log.warning("interrupted")
-        return EXIT_INTERRUPTED
+        return _run_job(spec, JobContext(profile, options, sink, out_dir=job_dir), sink)
     finally:
         sink.close()
+
+
+def _run_job(spec: JobSpec, ctx: JobContext, sink: EventWriter) -> int:
+    out = ctx.options.out
+    requests = RequestWriter(out / "requests.jsonl") if out is not None and spec.name == "run" else None
+    ctx.on_record = requests
+    try:
+        result = asyncio.run(_run_cancellable(lambda: spec.run(ctx)))
+    except ProfileError as exc:
+        log.error("%s", exc)
+        return ExitCode.USAGE
+    except BackendUnavailable as exc:
+        log.error("backend unavailable: %s", exc)
+        return ExitCode.BACKEND
+    except JobFailed as exc:
+        log.error("%s", exc)
+        return ExitCode.FAILED
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return ExitCode.INTERRUPTED
+    finally:
+        if requests is not None:
+            requests.close()
+    final = spec.summary(result)
+    report = spec.report(result, ctx)
+    for line in report.info:
+        log.info("%s", line)
+    if out is not None:
+        if requests is not None and isinstance(result, RunResult):
+            requests.finish(result.records)
+        _write_json(out / "summary.json", final)
+        _write_factsheet(spec.factsheet(result, ctx), out)
+    sink(final)  # the summary is the last line on stdout and in events.jsonl (the batch contract)
+    for line in report.warnings:
+        log.warning("%s", line)
+    for line in report.errors:
+        log.error("%s", line)
+    # The last line on stderr: the verdict, the factsheet's headline.
+    log.info("%s: %s: %s", ctx.profile.name, spec.name, report.verdict)
+    return report.status
+
+
+def _write_factsheet(factsheet: Any, out: Path) -> None:
+    from core.factsheet.render import write_factsheet
+
+    paths = write_factsheet(factsheet, out)
+    log.info("factsheet written: %s", ", ".join(str(p) for p in paths))

@@ -169,3 +169,41 @@ def test_unknown_mode_is_a_usage_error_that_names_the_modes() -> None:
     proc = run_cli("--batch", "--mode", "sabre", "--requests", "10")
     assert proc.returncode == 2
     assert "saber" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    from importlib.metadata import version
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"slo-console {version('slo-console')}"
+
+
+@pytest.mark.parametrize("batch", [("--batch",), ()], ids=["batch", "console"])
+def test_backend_url_without_url_is_a_usage_error(batch: tuple[str, ...]) -> None:
+    proc = run_cli(*batch, "--backend", "url")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "slo-console: --backend url needs --url http://HOST:PORT of a running server"
+
+
+def test_an_unknown_profile_name_lists_the_shipped_profiles() -> None:
+    proc = run_cli("--batch", "--profile", "quickstrat")
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "did you mean quickstart?" in line
+    shipped = sorted(path.stem for path in (REPO / "profiles").glob("*.yaml"))
+    assert line.endswith(", ".join(shipped))
+
+
+def test_an_unknown_field_suggests_the_nearest_known_one(tmp_path: Path) -> None:
+    bad = tmp_path / "typos.yaml"
+    bad.write_text(
+        "name: typos\nworkload:\n  arrival: {kind: poisson, rate_rpz: 2}\n  tasks:\n"
+        "    - name: t\n      prompt_tokens: {dist: fixed, value: 8}\n      output_tokens: {dist: fixed, value: 8}\n"
+    )
+    proc = run_cli("--batch", "--profile", str(bad))
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "workload.arrival.poisson.rate_rpz: unknown field; did you mean rate_rps?" in line
+    bad.write_text("name: typos\nworklod: {}\n")
+    [line] = run_cli("--batch", "--profile", str(bad)).stderr.strip().splitlines()
+    assert f"{bad}: worklod: unknown field; did you mean workload?" in line

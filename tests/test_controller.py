@@ -136,7 +136,7 @@ def test_unknown_mode_is_one_clear_line() -> None:
     ctx = ModeContext(profile=profile, calibration=load_calibration(profile))
     with pytest.raises(ProfileError, match="mode 'nope' is not a scheduling mode; choose one of: fcfs"):
         make_policy("nope", ctx)  # type: ignore[arg-type]
-    with pytest.raises(ProfileError, match="did you mean saber?"):
+    with pytest.raises(ProfileError, match=r"did you mean saber\?"):
         make_policy("sabre", ctx)  # type: ignore[arg-type]
     assert isinstance(make_policy("fcfs", ctx), Policy)
     assert next(iter(MODES)) == "fcfs"

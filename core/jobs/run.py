@@ -186,7 +186,7 @@ async def run_workload(
     if "client_behind" in outcome.notes:
         sink(make_event("warning", source="load_client", message=outcome.notes["client_behind"], **account))
     return RunResult(
-        profile=_as_run(profile, options),
+        profile=as_run(profile, options.requests, options.duration_s),
         backend=description,
         summary=summary,
         outcome=outcome,
@@ -201,14 +201,14 @@ async def run_workload(
     )
 
 
-def _as_run(profile: Profile, options: RunOptions) -> Profile:
+def as_run(profile: Profile, requests: int | None, duration_s: float | None) -> Profile:
     """The profile with the command line's --requests / --duration in its workload: what the factsheet
     describes is the workload that ran, not the one the file would have run."""
     update: dict[str, Any] = {}
-    if options.requests is not None:
-        update["requests"] = options.requests
-    if options.duration_s is not None:
-        update["duration_s"] = options.duration_s
+    if requests is not None:
+        update["requests"] = requests
+    if duration_s is not None:
+        update["duration_s"] = duration_s
     if not update:
         return profile
     return profile.model_copy(update={"workload": profile.workload.model_copy(update=update)})
