@@ -89,7 +89,7 @@ class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
     def __init__(self, config: ConsoleConfig) -> None:
         super().__init__()
         self.config = config
-        self.profile = config.load_profile()  # loaded by open_console; here the mode is applied (no-op)
+        self.profile = config.load_profile()  # open_console loaded it in its mode: returned as it is
         slo = self.profile.slo
         self.session = Session(
             profile_name=self.profile.name,

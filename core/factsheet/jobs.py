@@ -32,7 +32,7 @@ from core.factsheet.model import (
 from core.factsheet.run import factsheet_for_run
 from core.jobs.run import scheduling_mode_that_ran
 from core.metrics.verdict import SloVerdict, check_slo, slo_verdict
-from core.profile import Profile, ProfileError, load_calibration
+from core.profile import Profile, load_calibration
 
 if TYPE_CHECKING:
     from core.calibrate.job import CalibrateResult
@@ -361,10 +361,6 @@ def calibration_factsheet(
 ) -> Factsheet:
     description = dict(result.sweep.description)
     description.setdefault("backend", "vllm")
-    try:
-        scheduling_mode = scheduling_mode_that_ran(description)
-    except ProfileError:
-        scheduling_mode = "fcfs"
     return build_factsheet(
         FactsheetInputs(
             profile=result.profile,
@@ -376,7 +372,7 @@ def calibration_factsheet(
             command_line=list(command_line),
             seed=seed,
             started_at=started_at or datetime.now(UTC),
-            scheduling_mode=scheduling_mode,
+            scheduling_mode=scheduling_mode_that_ran(description),  # the sweep runs no controller: fcfs
             job="calibrate",
             verdict=SloVerdict(()),
             headline=calibration_headline(result),
