@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,7 +27,7 @@ from textual.widgets import Button, TabbedContent
 from console.app_modes import ModeSwitchMixin
 from console.app_process import ProcessTabMixin
 from console.app_tuner import TunerJobMixin
-from console.export import default_out_dir, export_factsheet, tuning_section
+from console.export import default_out_dir, export_factsheet
 from console.messages import FactsheetWritten, SessionChanged
 from console.screens.help import HelpScreen
 from console.screens.main import TABS, MainScreen
@@ -36,11 +36,11 @@ from console.widgets.process import KnobEditor, KnobsInvalid
 from core.backend_api import Backend, BackendUnavailable
 from core.backends.load_thread import LoadThread
 from core.events import Event
-from core.jobs import RunOptions, RunResult, run_workload, summary_event
+from core.exit_codes import ExitCode
+from core.job_registry import JOBS, JobContext
+from core.jobs import RunResult, summary_event
+from core.jobs.options import JobName, OperatorOptions
 from core.profile import KnobsSpec, Profile, ProfileError, TunerSpec
-
-EXIT_OK = 0
-EXIT_USAGE = 2  # same codes as the batch runner (core/batch.py)
 
 # A progress event per this many finished requests: at 14 req/s that is about three panel updates a second
 # of run time (the batch runner's 250 suits a log, not a live panel).
@@ -54,23 +54,14 @@ BackendFactory = Callable[[Profile], Backend]
 
 
 @dataclass
-class ConsoleConfig:
-    """What the operator asked for on the command line (or a test asked for)."""
+class ConsoleConfig(OperatorOptions):
+    """What the operator asked for (`OperatorOptions`, the batch runner's too; `profile` is loaded, in the
+    asked-for mode: console/launch.py `open_console`) and the console's own settings."""
 
-    profile: Profile
-    backend: str = "sim"
-    url: str | None = None
-    seed: int | None = None
-    requests: int | None = None
-    duration_s: float | None = None
-    out: Path | None = None
-    speed: float | None = 1.0  # None: the simulator runs flat out (tests, screenshots)
     autostart: bool = True
-    command_line: list[str] = field(default_factory=lambda: ["slo-console"])
     progress_every: int = CONSOLE_PROGRESS_EVERY
     backend_factory: BackendFactory | None = None  # tests inject a backend; None builds the asked-for one
     tuner_spec: TunerSpec | None = None  # None: the profile's tuner section (the paper's values by default)
-    mode: str | None = None  # scheduling mode (--mode); None: the profile's
 
 
 class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
@@ -98,9 +89,7 @@ class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
     def __init__(self, config: ConsoleConfig) -> None:
         super().__init__()
         self.config = config
-        self.profile = config.profile
-        if config.mode is not None:
-            self.profile = self.profile.model_copy(update={"mode": config.mode})
+        self.profile = config.load_profile()  # open_console loaded it in its mode: returned as it is
         slo = self.profile.slo
         self.session = Session(
             profile_name=self.profile.name,
@@ -114,6 +103,8 @@ class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
         )
         self.backend: Backend | None = None
         self.last_result: RunResult | None = None
+        # The last finished job and its result (a RunResult, TuneResult or CompareResult): what `f` exports.
+        self.last_job: tuple[JobName, Any] | None = None
         self.last_export: tuple[Path, Path] | None = None
         self.redraws = 0  # counted so a test can see that a burst of events coalesces
         self._run_task: asyncio.Task[RunResult] | None = None
@@ -228,18 +219,16 @@ class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
             self.session.knobs = self.profile.knobs.model_dump()
             self.session.run_state = "starting"
             self._show_process_facts()
-            options = RunOptions(
-                seed=self.config.seed,
-                requests=self.config.requests,
-                duration_s=self.config.duration_s,
-                progress_every=self.config.progress_every,
-            )
+            # The registry's run job (the batch runner's) on the backend this console holds.
+            run = JOBS["run"].run
+            progress = self.config.progress_every
             if self._live():
-                profile, backend, load_sink = self.profile, self.backend, self._from_load_thread(sink)
-                job = self.load_thread.run(lambda: run_workload(profile, backend, load_sink, options))
-                self._run_task = asyncio.ensure_future(job)
+                ctx = JobContext(self.profile, self.config, self._from_load_thread(sink), backend=self.backend)
+                ctx.progress_every = progress
+                self._run_task = asyncio.ensure_future(self.load_thread.run(lambda: run(ctx)))
             else:
-                self._run_task = asyncio.ensure_future(run_workload(self.profile, self.backend, sink, options))
+                ctx = JobContext(self.profile, self.config, sink, backend=self.backend, progress_every=progress)
+                self._run_task = asyncio.ensure_future(run(ctx))
             result = await self._run_task
         except asyncio.CancelledError:
             self.session.run_state = "stopped"
@@ -254,6 +243,7 @@ class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
         finally:
             self._run_task = None
         self.last_result = result
+        self.last_job = ("run", result)
         sink(summary_event(result))
         if result.interrupted:
             self.notify("Stopped: the tiles show the requests finished before the stop.", title="Run stopped")
@@ -339,24 +329,21 @@ class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
             self.push_screen(HelpScreen())
 
     def action_factsheet(self) -> None:
-        result = self.last_result
-        if result is None:
+        if self.last_job is None:
             self.notify_error(
                 "No run to summarise yet",
-                RuntimeError("the factsheet summarises a finished or stopped run"),
+                RuntimeError("the factsheet summarises a finished or stopped run, tune or compare"),
                 fix="let the run finish, or press s to stop it, then press f",
             )
             return
-        out_dir = self.config.out or default_out_dir()
-        tune = self.session.tune
-        tuning = tuning_section(tune.steps, tune.baseline, tune.best, tune.summary)
-        self._factsheet_job(result, out_dir, tuning)
+        job, result = self.last_job
+        self._factsheet_job(job, result, self.config.out or default_out_dir())
 
     @work(thread=True, group="factsheet", exclusive=True, exit_on_error=False, description="factsheet export")
-    def _factsheet_job(self, result: RunResult, out_dir: Path, tuning: dict[str, Any] | None) -> None:
+    def _factsheet_job(self, job: JobName, result: Any, out_dir: Path) -> None:
         # A thread: building it probes the host (GPU, CPU, git) and writes files, all blocking calls.
         try:
-            paths = export_factsheet(result, out_dir, self.config.command_line, tuning=tuning)
+            paths = export_factsheet(job, result, out_dir, self.config, self.profile)
         except OSError as exc:
             self.call_from_thread(
                 self.notify_error, "Factsheet not written", exc, f"choose a writable folder with --out (was {out_dir})"
@@ -374,7 +361,7 @@ class SloConsoleApp(TunerJobMixin, ProcessTabMixin, ModeSwitchMixin, App[int]):
 
     async def action_quit(self) -> None:
         await self.shutdown()
-        self.exit(EXIT_OK)
+        self.exit(ExitCode.OK)
 
     async def shutdown(self) -> None:
         """Stop the run and any server this console started, then let the app exit. Safe to call twice."""

@@ -15,6 +15,7 @@ from textual import work
 from console.messages import SessionChanged
 from console.widgets.modes import ModeChosen
 from core.events import Event
+from core.job_registry import JOBS, JobContext
 from core.profile import Profile
 
 
@@ -82,25 +83,17 @@ class ModeSwitchMixin:
     @work(thread=True, group="compare", exclusive=True, exit_on_error=False, description="compare modes")
     def _compare_job(self, profile: Profile, generation: int) -> None:
         # A thread with its own event loop: the simulator runs flat out and must not stall the UI.
-        from core.compare import compare_summary_event, run_compare
-
         def sink(event: Event) -> None:
             self.call_from_thread(self._fold_compare_event, event)
 
+        compare = JOBS["compare"]  # the registry's compare job (the batch runner's)
         try:
-            result = asyncio.run(
-                run_compare(
-                    profile,
-                    seed=self.config.seed,
-                    requests=self.config.requests,
-                    duration_s=self.config.duration_s,
-                    sink=sink,
-                )
-            )
+            result = asyncio.run(compare.run(JobContext(profile, self.config, sink)))
         except Exception as exc:
             self.call_from_thread(self._compare_failed, exc)
             return
-        sink(compare_summary_event(result))
+        self.last_job = ("compare", result)  # `f` exports the compare factsheet
+        sink(compare.summary(result))
 
     def _fold_compare_event(self, event: Event) -> None:
         self.session.apply(event, wall_s=time.monotonic())

@@ -13,6 +13,7 @@ from textual import work
 from console.messages import SessionChanged
 from console.widgets.format import knobs_text
 from core.backend_api import BackendUnavailable
+from core.job_registry import JOBS, JobContext
 from core.profile import ProfileError
 
 
@@ -21,15 +22,6 @@ class TunerJobMixin:
 
     @work(group="tune", exclusive=True, exit_on_error=False, description="SLO-Tuner")
     async def _tune_job(self) -> None:
-        try:
-            from core.tune.job import run_tune
-        except ImportError as exc:
-            self.notify_error(
-                "The SLO-Tuner is not in this build",
-                exc,
-                fix="update slo-console; until then `r` measures one configuration at a time",
-            )
-            return
         # One engine at a time: the tuner restarts the server per segment, so the workload run stops first.
         await self._stop_run_task()
         self._generation += 1
@@ -44,17 +36,22 @@ class TunerJobMixin:
             if self.backend is None:
                 self.backend = self._make_backend()
             backend = self.backend
-        profile, seed, spec = self.profile, self.config.seed, self.config.tuner_spec
         live = self._live()
-        tune_sink = self._from_load_thread(sink) if live else sink
+        # The registry's tune job (the batch runner's); no journal: the console keeps the result itself.
+        ctx = JobContext(
+            self.profile,
+            self.config,
+            self._from_load_thread(sink) if live else sink,
+            backend=backend,
+            tuner_spec=self.config.tuner_spec,
+        )
 
         def tune() -> Any:
-            return run_tune(
-                profile, backend_kind=self.config.backend, sink=tune_sink, seed=seed, backend=backend, spec=spec
-            )
+            return JOBS["tune"].run(ctx)
 
         try:
-            await (self.load_thread.run(tune) if live else tune())
+            result = await (self.load_thread.run(tune) if live else tune())
+            self.last_job = ("tune", result)  # `f` exports the tuned configuration's factsheet
         except (ProfileError, BackendUnavailable) as exc:
             self.notify_error("The tuner could not run", exc)
         except Exception as exc:

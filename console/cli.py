@@ -6,35 +6,48 @@ import argparse
 import sys
 from pathlib import Path
 
-DEFAULT_PROFILE = "quickstart"
+from core.exit_codes import EXIT_CODES_HELP, ExitCode
+from core.job_registry import JOBS
+from core.jobs.options import BACKEND_KINDS, DEFAULT_PROFILE, OperatorOptions
+from core.profile import SCHEDULING_MODES, ProfileError
+
+
+def package_version() -> str:
+    """slo-console's version from the installed package's metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("slo-console")
+    except PackageNotFoundError:  # pragma: no cover - running from a checkout that was never installed
+        return "unknown (not installed; pip install -e .)"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    jobs = "; ".join(f"{name}: {spec.description}" for name, spec in JOBS.items())
     parser = argparse.ArgumentParser(
         prog="slo-console",
         description="Operator console for LLM serving against a latency SLO (vLLM or the embedded simulator). "
         "`slo-console gateway --help`: the admission gateway as a standalone server.",
-        epilog="Exit codes: 0 ok, 2 bad usage or profile, 3 backend unavailable, 4 run failed, 130 interrupted.",
+        epilog=EXIT_CODES_HELP,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument("--batch", action="store_true", help="run headless: JSON Lines on stdout, logs on stderr")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile YAML path or shipped name")
     parser.add_argument(
-        "--job",
-        default="run",
-        choices=["run", "tune", "calibrate", "compare", "capacity"],
-        help="what to do (default: run the workload; capacity: each mode's highest rate at >= 90%% SLO attainment)",
+        "--job", default="run", choices=list(JOBS), help=f"what to do (default: run). {jobs}".replace("%", "%%")
     )
     parser.add_argument(
         "--backend",
         default="sim",
-        choices=["sim", "vllm", "url"],
+        choices=BACKEND_KINDS,
         help="sim: embedded simulator (default); vllm: launch a local vLLM; url: attach to --url",
     )
     parser.add_argument("--url", help="base URL of a running OpenAI-compatible server (with --backend url)")
     parser.add_argument(
         "--mode",
-        help="scheduling mode (fcfs, saber, ...; default: the profile's); with --backend vllm or url the "
-        "admission gateway runs it in front of the server",
+        metavar="{" + ",".join(SCHEDULING_MODES) + "}",
+        help="scheduling mode (default: the profile's); with --backend vllm or url the admission gateway runs "
+        "it in front of the server",
     )
     parser.add_argument("--seed", type=int, help="override the profile's seed")
     parser.add_argument("--requests", type=int, help="override the number of requests")
@@ -58,7 +71,7 @@ def build_gateway_parser() -> argparse.ArgumentParser:
         description="Admission gateway: an OpenAI-compatible front that runs a scheduling mode in front of "
         "one or more running servers (point any OpenAI client at it).",
         epilog="Exit codes: 0 stopped (SIGTERM), 2 bad usage, profile, mode or port, 3 upstream unreachable, "
-        "130 interrupted (Ctrl-C).",
+        "130 interrupted (Ctrl-C) (core/exit_codes.py).",
     )
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile YAML path or shipped name (SLOs, mode)")
     parser.add_argument(
@@ -71,7 +84,9 @@ def build_gateway_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--port", type=int, required=True, help="port to listen on (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--mode", help="scheduling mode (default: the profile's mode)")
+    parser.add_argument(
+        "--mode", metavar="{" + ",".join(SCHEDULING_MODES) + "}", help="scheduling mode (default: the profile's mode)"
+    )
     parser.add_argument("--log-requests", action="store_true", help="print one event per request on stdout")
     return parser
 
@@ -92,36 +107,40 @@ def gateway_main(argv: list[str]) -> int:
     )
 
 
+def options_from_args(args: argparse.Namespace, argv: list[str]) -> OperatorOptions:
+    """The operator's options from the parsed command line: what both front ends build from."""
+    return OperatorOptions(
+        profile=args.profile,
+        job=args.job,
+        backend=args.backend,
+        url=args.url,
+        mode=args.mode,
+        seed=args.seed,
+        requests=args.requests,
+        duration_s=args.duration_s,
+        out=args.out,
+        resume=args.resume,
+        speed=args.speed,
+        command_line=["slo-console", *argv],
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["gateway"]:
         return gateway_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
-    for name in ("requests",):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} must be at least 1 (got {value})")
-    if args.duration_s is not None and args.duration_s <= 0:
-        parser.error(f"--duration must be positive seconds (got {args.duration_s})")
+    options = options_from_args(args, argv)
+    try:
+        options.check()
+    except ProfileError as exc:  # bad usage: one line, exit code 2
+        print(f"slo-console: {exc}", file=sys.stderr)
+        return ExitCode.USAGE
     if args.batch:
-        from core.batch import BatchArgs, run_batch
+        from console.batch import run_batch
 
-        return run_batch(
-            BatchArgs(
-                profile=args.profile,
-                job=args.job,
-                backend=args.backend,
-                url=args.url,
-                seed=args.seed,
-                requests=args.requests,
-                duration_s=args.duration_s,
-                out=args.out,
-                argv=["slo-console", *argv],
-                resume=args.resume,
-                mode=args.mode,
-            )
-        )
+        return run_batch(options)
     from console.launch import run_app  # imported only here: the batch path never loads Textual
 
-    return run_app(args)
+    return run_app(options)

@@ -3,14 +3,16 @@ use (posting's pattern), and `run_app`, the CLI's entry without --batch."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import dataclasses
 import sys
 from pathlib import Path
 
-from console.app import CONSOLE_PROGRESS_EVERY, EXIT_OK, EXIT_USAGE, BackendFactory, ConsoleConfig, SloConsoleApp
-from core.profile import Profile, ProfileError, TunerSpec, load_profile
+from console.app import CONSOLE_PROGRESS_EVERY, BackendFactory, ConsoleConfig, SloConsoleApp
+from core.exit_codes import ExitCode
+from core.jobs.options import OperatorOptions
+from core.profile import Profile, ProfileError, SchedulingMode, TunerSpec
 
 
 def create_app(
@@ -28,61 +30,53 @@ def create_app(
     progress_every: int = CONSOLE_PROGRESS_EVERY,
     backend_factory: BackendFactory | None = None,
     tuner_spec: TunerSpec | None = None,
-    mode: str | None = None,
+    mode: SchedulingMode | None = None,
 ) -> SloConsoleApp:
-    """Build the console. Raises ProfileError (one line: file, field, fix) for a bad profile.
+    """Build the console from keyword options (the tests' way; the CLI builds an `OperatorOptions`). Raises
+    ProfileError (one line: file, field, fix) for a bad profile or options.
 
     `speed`: the simulator's pace against wall time; None, 0 or inf runs it flat out.
     """
-    loaded = profile if isinstance(profile, Profile) else load_profile(profile)
-    if mode is not None:
-        from core.modes import MODES
-
-        if mode not in MODES:
-            raise ProfileError(f"--mode {mode}: not available; choose one of: {', '.join(MODES)}")
-    if speed is not None and (speed <= 0 or speed == float("inf")):
-        speed = None
-    return SloConsoleApp(
-        ConsoleConfig(
-            profile=loaded,
-            backend=backend,
-            url=url,
-            seed=seed,
-            requests=requests,
-            duration_s=duration_s,
-            out=out,
-            speed=speed,
-            autostart=autostart,
-            command_line=command_line or ["slo-console"],
-            progress_every=progress_every,
-            backend_factory=backend_factory,
-            tuner_spec=tuner_spec,
-            mode=mode,
-        )
+    options = OperatorOptions(
+        profile=profile,
+        backend=backend,  # type: ignore[arg-type]
+        url=url,
+        mode=mode,
+        seed=seed,
+        requests=requests,
+        duration_s=duration_s,
+        out=out,
+        speed=speed,
+        command_line=command_line or ["slo-console"],
+    )
+    return open_console(
+        options,
+        autostart=autostart,
+        progress_every=progress_every,
+        backend_factory=backend_factory,
+        tuner_spec=tuner_spec,
     )
 
 
-def run_app(args: argparse.Namespace) -> int:
-    """The CLI's entry without --batch: open the console, return an exit code from the documented set."""
-    if args.backend == "url" and not args.url:
-        print("slo-console: --backend url needs --url http://HOST:PORT of a running server", file=sys.stderr)
-        return EXIT_USAGE
+def open_console(options: OperatorOptions, **console: object) -> SloConsoleApp:
+    """The console for `options` (checked, the profile loaded in its mode); `console`: ConsoleConfig's own
+    settings (autostart, progress_every, backend_factory, tuner_spec)."""
+    options.check()
+    speed = options.speed
+    if speed is not None and (speed <= 0 or speed == float("inf")):
+        speed = None
+    fields = {f.name: getattr(options, f.name) for f in dataclasses.fields(OperatorOptions)}
+    fields.update(profile=options.load_profile(), speed=speed)
+    return SloConsoleApp(ConsoleConfig(**fields, **console))  # type: ignore[arg-type]
+
+
+def run_app(options: OperatorOptions) -> int:
+    """The CLI's entry without --batch: open the console, return an exit code (core/exit_codes.py)."""
     try:
-        app = create_app(
-            args.profile,
-            args.backend,
-            url=args.url,
-            seed=args.seed,
-            requests=args.requests,
-            duration_s=args.duration_s,
-            out=args.out,
-            speed=args.speed,
-            command_line=["slo-console", *sys.argv[1:]],
-            mode=getattr(args, "mode", None),
-        )
+        app = open_console(options)
     except ProfileError as exc:
         print(f"slo-console: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         code = app.run()
     finally:
@@ -90,4 +84,4 @@ def run_app(args: argparse.Namespace) -> int:
         if not app._closed and app.backend is not None:
             with contextlib.suppress(Exception):
                 asyncio.run(app.backend.close())
-    return code if isinstance(code, int) else EXIT_OK
+    return code if isinstance(code, int) else ExitCode.OK

@@ -209,6 +209,8 @@ class Session:
             self._on_tune_start(event, wall_s)
             return
         self.run_state = "running"
+        if event.get("scheduling_mode"):
+            self.scheduling_mode = str(event["scheduling_mode"])  # the mode the backend reports it runs
         self.seed = event.get("seed")
         self.max_requests = event.get("max_requests")
         if isinstance(event.get("backend"), dict):
@@ -253,7 +255,8 @@ class Session:
             counts = event.get("failed_by_status") or {}
             fields = {**event, "rejected": counts.get("rejected", 0), "deferred": counts.get("deferred", 0)}
             fields["max_num_seqs"] = self.knobs.get("max_num_seqs")
-            self._set_mode_row(self.scheduling_mode, fields, "run")
+            # The row of the mode that actually ran (the summary says which), not of a later switch.
+            self._set_mode_row(str(event.get("scheduling_mode") or self.scheduling_mode), fields, "run")
 
     def _on_compare_row(self, event: Event, wall_s: float | None) -> None:
         if "skipped" in event:

@@ -18,7 +18,7 @@ from typing import Any
 
 from core.events import EventSink, make_event, null_sink
 from core.jobs import RunOptions, run_workload
-from core.profile import Profile, ProfileError
+from core.profile import Profile, ProfileError, parse_scheduling_mode
 
 TARGET_ATTAINMENT = 0.9  # paper 004 sec. 6: capacity = the load served with under 10% SLO violations
 MAX_BRACKET_STEPS = 10  # doublings / halvings before giving up on a bracket
@@ -166,10 +166,7 @@ async def run_capacity(
     """Every mode's capacity (default: all of core/modes.py `MODES`), on the same seeded workload."""
     from core.modes import MODES
 
-    names = list(MODES) if modes is None else list(modes)
-    for name in names:
-        if name not in MODES:
-            raise ProfileError(f"mode {name!r} is not available; choose from: {', '.join(MODES)}")
+    names = [parse_scheduling_mode(name, "mode") for name in (MODES if modes is None else modes)]
     at_rate(profile, 1.0)
     sink(make_event("start", job="capacity", profile=profile.name, modes=names, replicas=profile.replicas))
     results = []

@@ -22,7 +22,7 @@ from core.backend_api import BackendUnavailable
 from core.events import EventSink, make_event, null_sink
 from core.jobs import RunOptions, RunResult, run_workload
 from core.metrics import Summary
-from core.profile import Profile, ProfileError
+from core.profile import Profile, ProfileError, parse_scheduling_mode
 from core.records import Status
 
 BEST_STATIC = "fcfs-best-static"
@@ -72,6 +72,7 @@ class CompareResult:
     wall_s: float
     interrupted: bool = False
     skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it could not run on this profile
+    runs: dict[str, RunResult] = field(default_factory=dict)  # mode -> its whole run (the factsheet's)
 
     def row(self, mode: str) -> ModeRow:
         return next(r for r in self.rows if r.mode == mode)
@@ -118,10 +119,8 @@ async def run_compare(
     """Run every mode (default: all of `MODES`) and the best static cap on the same seeded arrivals."""
     from core.modes import MODES
 
-    names = list(MODES) if modes is None else list(modes)
-    unknown = [name for name in names if name not in MODES and name != BEST_STATIC]
-    if unknown:
-        raise ProfileError(f"mode {unknown[0]!r} is not available; choose from: {', '.join([*MODES, BEST_STATIC])}")
+    asked = MODES if modes is None else modes
+    names = [name if name == BEST_STATIC else parse_scheduling_mode(name, "mode") for name in asked]
     if profile.workload.arrival is not None and profile.workload.arrival.kind == "closed":
         raise ProfileError(
             f"{profile.name}: --job compare needs open-loop arrivals (a closed loop would let a policy slow the"
@@ -132,6 +131,7 @@ async def run_compare(
     start = time.perf_counter()
     sink(make_event("start", job="compare", profile=profile.name, seed=seed, modes=[*names, BEST_STATIC]))
     rows: list[ModeRow] = []
+    runs: dict[str, RunResult] = {}
     skipped: dict[str, str] = {}
     interrupted = False
     for name in names:
@@ -139,11 +139,12 @@ async def run_compare(
             continue
         t0 = time.perf_counter()
         try:
-            result, policy = await run_mode(profile.model_copy(update={"mode": name}), name, seed, options)
+            result, policy = await run_mode(profile.with_mode(name), name, seed, options)
         except ProfileError as exc:  # a mode this workload cannot run (e.g. SABER on a trace without tasks)
             skipped[name] = str(exc)
             sink(make_event("compare_row", mode=name, skipped=str(exc)))
             continue
+        runs[name] = result
         rows.append(
             ModeRow(
                 name,
@@ -176,7 +177,7 @@ async def run_compare(
             policy = {"mode": "fcfs", "static_sweep": {str(k): v for k, v in sweep.items()}}
             rows.append(ModeRow(BEST_STATIC, cap, speculation, result.summary, time.perf_counter() - t0, policy))
             sink(make_event("compare_row", mode=BEST_STATIC, **rows[-1].fields()))
-    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped)
+    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped, runs)
 
 
 def compare_summary_event(result: CompareResult) -> dict[str, Any]:

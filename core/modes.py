@@ -1,5 +1,8 @@
 """Scheduling modes by name: `--mode NAME`, `mode:` in a profile, `--job compare` (every mode in `MODES`).
 
+The names are `core.profile.SchedulingMode` (validated once where they come in); this module maps each to
+its policy factory, in the same order.
+
 Each mode module registers a factory here (one line); the factory builds a fresh `Policy` for one run
 from what a user knows before the run: the profile, the engine calibration and the replica count.
 
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from core.control.adaserve.policy import AdaServePolicy
 from core.control.slos_serve.policy import SlosServePolicy
 from core.controller_api import Policy
-from core.profile import Calibration, Profile, ProfileError
+from core.profile import SCHEDULING_MODES, Calibration, Profile, SchedulingMode, parse_scheduling_mode
 from core.sim.engine import simulate
 
 
@@ -58,7 +61,7 @@ def _saber(ctx: ModeContext) -> Policy:
 
 
 # Insertion order is the order of `--job compare`'s table: the baseline first.
-MODES: dict[str, PolicyFactory] = {
+MODES: dict[SchedulingMode, PolicyFactory] = {
     "fcfs": _fcfs,
     "saber": _saber,
     "slos-serve": lambda ctx: SlosServePolicy(
@@ -73,8 +76,9 @@ MODES: dict[str, PolicyFactory] = {
 }
 
 
-def make_policy(name: str, ctx: ModeContext) -> Policy:
-    factory = MODES.get(name)
-    if factory is None:
-        raise ProfileError(f"mode {name!r} is not available; choose one of: {', '.join(MODES)}")
-    return factory(ctx)
+assert tuple(MODES) == SCHEDULING_MODES, "core/profile/scheduling_mode.py and MODES list the same modes"
+
+
+def make_policy(name: SchedulingMode, ctx: ModeContext) -> Policy:
+    """A fresh policy of mode `name`; a name that is not a mode (an untyped caller) raises ProfileError."""
+    return MODES[parse_scheduling_mode(name, "mode")](ctx)

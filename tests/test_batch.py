@@ -138,3 +138,63 @@ def test_core_never_imports_console_or_textual(module: str) -> None:
             if banned in text:
                 offenders.append(f"{path.relative_to(REPO)}: {banned}")
     assert not offenders
+
+
+def test_mode_saber_is_the_mode_in_the_summary_and_the_factsheet(tmp_path: Path) -> None:
+    """--mode reaches the job on one channel (the profile's mode) and the mode that ran is reported."""
+    out = tmp_path / "saber"
+    proc = run_cli("--batch", "--mode", "saber", "--requests", "200", "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    lines = events(proc.stdout)
+    assert lines[0]["scheduling_mode"] == "saber" and lines[0]["backend"]["mode"] == "saber"
+    assert lines[-1]["scheduling_mode"] == "saber"
+    assert json.loads((out / "summary.json").read_text())["scheduling_mode"] == "saber"
+    factsheet = json.loads((out / "factsheet.json").read_text())
+    assert factsheet["configuration"]["scheduling_mode"] == "saber"
+    assert "Scheduling mode: saber" in (out / "factsheet.md").read_text()
+    # Without --mode the profile's own mode runs and is reported.
+    assert events(run_cli("--batch", "--requests", "50").stdout)[-1]["scheduling_mode"] == "fcfs"
+
+
+def test_unknown_mode_is_a_usage_error_that_names_the_modes() -> None:
+    proc = run_cli("--batch", "--mode", "sabre", "--requests", "10")
+    assert proc.returncode == 2
+    assert "saber" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_version_comes_from_the_package_metadata() -> None:
+    from importlib.metadata import version
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"slo-console {version('slo-console')}"
+
+
+@pytest.mark.parametrize("batch", [("--batch",), ()], ids=["batch", "console"])
+def test_backend_url_without_url_is_a_usage_error(batch: tuple[str, ...]) -> None:
+    proc = run_cli(*batch, "--backend", "url")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "slo-console: --backend url needs --url http://HOST:PORT of a running server"
+
+
+def test_an_unknown_profile_name_lists_the_shipped_profiles() -> None:
+    proc = run_cli("--batch", "--profile", "quickstrat")
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "did you mean quickstart?" in line
+    shipped = sorted(path.stem for path in (REPO / "profiles").glob("*.yaml"))
+    assert line.endswith(", ".join(shipped))
+
+
+def test_an_unknown_field_suggests_the_nearest_known_one(tmp_path: Path) -> None:
+    bad = tmp_path / "typos.yaml"
+    bad.write_text(
+        "name: typos\nworkload:\n  arrival: {kind: poisson, rate_rpz: 2}\n  tasks:\n"
+        "    - name: t\n      prompt_tokens: {dist: fixed, value: 8}\n      output_tokens: {dist: fixed, value: 8}\n"
+    )
+    proc = run_cli("--batch", "--profile", str(bad))
+    assert proc.returncode == 2
+    [line] = proc.stderr.strip().splitlines()
+    assert "workload.arrival.poisson.rate_rpz: unknown field; did you mean rate_rps?" in line
+    bad.write_text("name: typos\nworklod: {}\n")
+    [line] = run_cli("--batch", "--profile", str(bad)).stderr.strip().splitlines()
+    assert f"{bad}: worklod: unknown field; did you mean workload?" in line

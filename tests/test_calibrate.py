@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.batch import EXIT_BACKEND, EXIT_USAGE, BatchArgs, run_batch
+from console.batch import run_batch
 from core.calibrate.fit import (
     FitError,
     StepObservation,
@@ -25,6 +25,8 @@ from core.calibrate.job import CALIBRATION_FILE, run_calibrate
 from core.calibrate.step_observations import decode_step_samples
 from core.calibrate.sweep_points import SweepSettings
 from core.calibrate.sweep_targets import SimTarget, cache_facts_from_metrics, kv_tokens_from_log
+from core.exit_codes import ExitCode
+from core.jobs.options import OperatorOptions
 from core.profile import Calibration, PerfTerm, load_calibration, load_profile
 from core.records import RequestRecord, RequestSLO
 from core.step_time import expected_accepted_tokens
@@ -240,12 +242,12 @@ def test_calibration_yaml_round_trip_and_use_in_a_profile(tmp_path: Path) -> Non
 
 
 def test_batch_calibrate_refuses_the_simulator_and_reports_an_unreachable_server(tmp_path: Path) -> None:
-    args = BatchArgs(profile="profiles/vllm-cpu-tiny.yaml", job="calibrate", backend="sim", out=tmp_path)
-    assert run_batch(args, stdout=io.StringIO()) == EXIT_USAGE
-    args = BatchArgs(
+    args = OperatorOptions(profile="profiles/vllm-cpu-tiny.yaml", job="calibrate", backend="sim", out=tmp_path)
+    assert run_batch(args, stdout=io.StringIO()) == ExitCode.USAGE
+    args = OperatorOptions(
         profile="profiles/vllm-cpu-tiny.yaml", job="calibrate", backend="url", url="http://127.0.0.1:9", out=tmp_path
     )
-    assert run_batch(args, stdout=io.StringIO()) == EXIT_BACKEND
+    assert run_batch(args, stdout=io.StringIO()) == ExitCode.BACKEND
 
 
 def test_reduced_settings_stay_small() -> None:

@@ -246,6 +246,29 @@ async def test_f_exports_a_factsheet_and_says_where(tmp_path: Path) -> None:
         await pilot.press("q")
 
 
+async def test_factsheet_after_a_tune_is_the_tuned_configuration_with_nothing_unknown(tmp_path: Path) -> None:
+    """`f` after a tune writes what `--batch --job tune --out` writes: the tuned configuration, its objective,
+    attainment and spread, and the SLO verdict (it showed "objective: unknown" / "SLO attainment unknown")."""
+    out = tmp_path / "tuned"
+    app = create_app("quickstart", requests=REQUESTS, speed=None, autostart=False, tuner_spec=small_tuner(), out=out)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("t")
+        await wait_until(pilot, lambda: app.session.tune.finished, timeout_s=120)
+        await pilot.press("f")
+        await wait_until(pilot, lambda: app.last_export is not None)
+        await pilot.press("q")
+    factsheet = json.loads((out / "factsheet.json").read_text())
+    tuning = factsheet["tuning"]
+    assert factsheet["job"] == "tune" and tuning["objective"].startswith("maximise S(K)")
+    assert tuning["tuned"]["slo_attainment"] is not None and tuning["baseline"]["slo_attainment"] is not None
+    assert tuning["spread"]["measurements"] >= 1
+    assert factsheet["verdict"]["state"] in ("met", "violated")
+    assert factsheet["verdict"]["headline"].startswith("tuned ")
+    page = (out / "factsheet.md").read_text()
+    assert "objective: unknown" not in page and "## Tuning" in page
+    assert f"**{factsheet['verdict']['headline']}.**" in page
+
+
 async def test_factsheet_before_any_run_explains_what_to_do() -> None:
     app = create_app("quickstart", autostart=False)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
@@ -317,6 +340,36 @@ async def test_modes_tab_lists_every_mode_with_the_last_run_of_the_one_in_use() 
         assert rows[0][2] == "in use · last run"
         summary = app.last_result.summary
         assert rows[0][3] == f"{100 * summary.slo_attainment:.1f}" and rows[0][5] == f"{summary.p99_s:.3f}"
+
+
+async def test_the_mode_that_ran_is_in_the_modes_tab_the_summary_and_the_factsheet(tmp_path: Path) -> None:
+    """--mode saber reaches the run (one channel: the profile's mode), and a switch in the Modes tab reruns in
+    the new mode; the Modes tab, the summary and the factsheet say which mode actually ran."""
+    app = create_app("quickstart", requests=REQUESTS, speed=None, mode="saber", out=tmp_path / "saber")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.session.run_state == "finished")
+        assert app.last_result.scheduling_mode == "saber" and app.session.summary["scheduling_mode"] == "saber"
+        await pilot.press("4")
+        await pilot.pause(0.2)
+        table = app.get_screen_main().query_one("#modes-table", DataTable)
+        status = {table.get_row_at(i)[0]: table.get_row_at(i)[2] for i in range(table.row_count)}
+        assert status["saber"] == "in use · last run" and status["fcfs"] == "available"
+        await pilot.press("f")
+        await wait_until(pilot, lambda: app.last_export is not None)
+        saber = json.loads(app.last_export[0].read_text())
+        assert saber["configuration"]["scheduling_mode"] == "saber"
+        first = app.last_result
+        app.switch_mode("slos-serve")
+        await wait_until(pilot, lambda: app.last_result is not first and app.session.run_state == "finished")
+        assert app.last_result.scheduling_mode == "slos-serve"
+        status = {table.get_row_at(i)[0]: table.get_row_at(i)[2] for i in range(table.row_count)}
+        assert status["slos-serve"] == "in use · last run" and status["saber"] == "available · last run"
+        app.last_export = None
+        app.config.out = tmp_path / "slos-serve"
+        await pilot.press("f")
+        await wait_until(pilot, lambda: app.last_export is not None)
+        assert json.loads(app.last_export[0].read_text())["configuration"]["scheduling_mode"] == "slos-serve"
+        await pilot.press("q")
 
 
 async def test_switching_mode_on_a_live_server_puts_the_gateway_in_front_and_then_swaps_its_policy() -> None:
@@ -400,10 +453,10 @@ async def test_quit_stops_the_server_the_console_started() -> None:
 
 
 def test_a_bad_profile_exits_2_before_any_ui(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from console.cli import build_parser
+    from console.cli import build_parser, options_from_args
 
-    args = build_parser().parse_args(["--profile", str(tmp_path / "missing.yaml")])
-    assert run_app(args) == 2
+    argv = ["--profile", str(tmp_path / "missing.yaml")]
+    assert run_app(options_from_args(build_parser().parse_args(argv), argv)) == 2
     err = capsys.readouterr().err
     assert err.startswith("slo-console: ") and len(err.strip().splitlines()) == 1
 

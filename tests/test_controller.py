@@ -134,8 +134,10 @@ def test_two_replicas_share_the_load_and_cut_the_tail() -> None:
 def test_unknown_mode_is_one_clear_line() -> None:
     profile = load_profile("quickstart")
     ctx = ModeContext(profile=profile, calibration=load_calibration(profile))
-    with pytest.raises(ProfileError, match="mode 'nope' is not available; choose one of: fcfs"):
-        make_policy("nope", ctx)
+    with pytest.raises(ProfileError, match="mode 'nope' is not a scheduling mode; choose one of: fcfs"):
+        make_policy("nope", ctx)  # type: ignore[arg-type]
+    with pytest.raises(ProfileError, match=r"did you mean saber\?"):
+        make_policy("sabre", ctx)  # type: ignore[arg-type]
     assert isinstance(make_policy("fcfs", ctx), Policy)
     assert next(iter(MODES)) == "fcfs"
 

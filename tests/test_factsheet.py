@@ -127,6 +127,7 @@ SUMMARY: dict[str, Any] = {
             "failed": 2,
             "p50_s": 0.52,
             "p99_s": 1.31,
+            "ttft_p99_s": 0.41,
             "slo_attainment": 0.982,
             "goodput_rps": 2.95,
             "token_goodput_tps": 188.1,
@@ -254,18 +255,19 @@ def test_live_markdown_matches_golden() -> None:
 def test_markdown_has_headline_table_first_and_every_section() -> None:
     page = render_markdown(build_factsheet(sim_inputs()))
     headings = [line for line in page.splitlines() if line.startswith("## ")]
+    # A run has no job section of its own (a tune's, compare's ... comes right after the headline).
     assert headings == [
         "## Headline",
         "## System",
         "## Configuration",
         "## Workload",
         "## Performance",
-        "## Tuning",
         "## Sustainability",
         "## Provenance",
         "## Caveats",
     ]
     headline = page.split("## Headline")[1].split("## System")[0]
+    assert headline.strip().startswith("**SLO ")  # the verdict heads the page
     for row in ("SLO", "p99 end-to-end latency", "Goodput", "SLO attainment", "Energy per 1k output tokens"):
         assert f"| {row} |" in headline
     assert "| gCO2e per 1k output tokens |" in headline
@@ -471,9 +473,9 @@ def test_json_is_stable_apart_from_generation_time() -> None:
 
 def test_json_top_level_order_and_version() -> None:
     data = json.loads(render_json(build_factsheet(sim_inputs())))
-    assert list(data)[:3] == ["schema", "schema_version", "title"]
-    assert data["schema"] == "slo-console-factsheet" and data["schema_version"] == "1.0"
-    assert data["tuning"] is None
+    assert list(data)[:5] == ["schema", "schema_version", "title", "job", "verdict"]
+    assert data["schema"] == "slo-console-factsheet" and data["schema_version"] == "1.1"
+    assert data["job"] == "run" and data["tuning"] is None
 
 
 def test_write_factsheet_writes_both_files(tmp_path: Path) -> None:

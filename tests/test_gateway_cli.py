@@ -27,7 +27,7 @@ def env() -> dict[str, str]:
 def test_usage_and_unreachable_upstream_exit_codes() -> None:
     cases = [
         (cli("--port", "0", "--upstream", "not-a-url"), 2, "is not a URL"),
-        (cli("--port", "0", "--upstream", "http://127.0.0.1:9", "--mode", "nope"), 2, "mode 'nope' is not available"),
+        (cli("--port", "0", "--upstream", "http://127.0.0.1:9", "--mode", "nope"), 2, "is not a scheduling mode"),
         (cli("--port", "0", "--upstream", "http://127.0.0.1:9"), 3, "upstream unreachable"),
         (cli("--port", "0"), 2, "--upstream"),
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from core.backend_api import Backend, BackendUnavailable
-from core.profile import Profile, ProfileError, load_calibration
+from core.profile import Profile, SchedulingMode, load_calibration, parse_scheduling_mode
 
 BackendKind = Literal["sim", "vllm", "url"]
 
@@ -17,18 +17,16 @@ def make_backend(
     seed: int | None = None,
     url: str | None = None,
     speed: float | None = None,
-    mode: str | None = None,
+    mode: SchedulingMode | None = None,
 ) -> Backend:
-    """`mode` overrides the profile's scheduling mode (core/modes.py); an unknown one raises
-    ProfileError naming the modes there are. On the simulator the mode runs in the simulated controller; on a
-    live backend the admission gateway (core/backends/gateway_backend.py) runs it in front of the server, when the
-    mode is not plain fcfs or when a mode is asked for explicitly."""
-    from core.modes import MODES
-
-    mode_name = mode if mode is not None else profile.mode
-    if mode_name not in MODES:
-        flag = "--mode" if mode is not None else "profile mode:"
-        raise ProfileError(f"{flag} {mode_name}: not available; choose one of: {', '.join(MODES)}")
+    """The backend serves `profile.mode` (the one channel for the scheduling mode). `mode`, when given, is
+    applied to the profile first (`Profile.with_mode`) and also asks for the admission gateway on a live
+    backend even for fcfs. On the simulator the mode runs in the simulated controller; on a live backend the
+    admission gateway (core/backends/gateway_backend.py) runs it in front of the server, when the mode is not plain
+    fcfs or when a mode is asked for explicitly."""
+    if mode is not None:
+        profile = profile.with_mode(parse_scheduling_mode(mode))
+    mode_name = profile.mode
     if kind == "sim":
         return _make_sim(profile, seed=seed, speed=speed, mode_name=mode_name)
     inner = _make_live(kind, profile, url=url, mode_name=mode_name)
@@ -39,7 +37,7 @@ def make_backend(
     return inner
 
 
-def _make_sim(profile: Profile, *, seed: int | None, speed: float | None, mode_name: str) -> Backend:
+def _make_sim(profile: Profile, *, seed: int | None, speed: float | None, mode_name: SchedulingMode) -> Backend:
     from core.backends.sim import SimBackend
     from core.modes import ModeContext, make_policy
 
@@ -56,7 +54,7 @@ def _make_sim(profile: Profile, *, seed: int | None, speed: float | None, mode_n
     )
 
 
-def _make_live(kind: BackendKind, profile: Profile, *, url: str | None, mode_name: str = "fcfs") -> Backend:
+def _make_live(kind: BackendKind, profile: Profile, *, url: str | None, mode_name: SchedulingMode = "fcfs") -> Backend:
     if kind == "url":
         if not url:
             raise BackendUnavailable("--backend url needs --url http://HOST:PORT of a running server")

@@ -16,6 +16,9 @@ from core.energy.reading import EnergyReading
 from core.factsheet.caveats import factsheet_caveats
 from core.factsheet.host import detect_host, git_revision, slo_console_version
 from core.factsheet.model import (
+    CalibrationSection,
+    CapacitySection,
+    CompareSection,
     ConfigurationSection,
     Factsheet,
     HostInfo,
@@ -30,10 +33,15 @@ from core.factsheet.model import (
     TaskPerformance,
     TuningPoint,
     TuningSection,
+    TuningSpread,
+    Verdict,
+    VerdictCheck,
     WorkloadSection,
 )
 from core.factsheet.sustainability import sustainability_section
-from core.profile import KnobsSpec, Profile, SLOSpec, profile_hash, profile_source
+from core.jobs.options import JobName
+from core.metrics.verdict import SloVerdict, slo_verdict
+from core.profile import DEFAULT_MODE, KnobsSpec, Profile, SchedulingMode, SLOSpec, profile_hash, profile_source
 
 SIMULATOR_BACKENDS = {"sim", "simulator"}
 
@@ -74,15 +82,20 @@ class FactsheetInputs:
       smooth_goodput(+_alpha, _reading_speed_tps, _ttft_allow_s, _penalty), output_tps, output_tokens,
       capacity_rps, capacity_attainment_target, per_task); any key may be missing and then reads unknown.
     backend_description: Backend.describe().
+      None: the job measured no single run (capacity, calibrate): no performance or sustainability section.
     tuning: None when no tuner ran, else a dict with any of: tuner, objective, baseline, tuned (or best),
-      trajectory (list), segments, wall_time_s; points are dicts with knobs, goodput_rps, p99_s,
-      slo_attainment, score.
+      trajectory (list), segments, wall_time_s, slo_p99_s, spread (a TuningSpread); points are dicts with
+      knobs, goodput_rps, p99_s, slo_attainment, score.
+    job: the job that wrote it; its own section goes in compare / capacity / calibration (tuning for tune).
+    verdict / headline: the SLO verdict (default: the summary's against the profile's SLOs) and, where the
+      job words it itself (capacity, calibrate), its headline.
+    runs_workload: False when the job ran none of the profile's workload (calibrate sweeps its own loads).
     host / git_revision / generated_at: detected or taken now when None; pass them to pin a factsheet
       (tests, or re-rendering an old run).
     """
 
     profile: Profile
-    summary: Mapping[str, Any] | SupportsToDict
+    summary: Mapping[str, Any] | SupportsToDict | None
     backend_description: Mapping[str, Any]
     knobs: KnobsSpec
     energy: EnergyReading | None
@@ -90,10 +103,17 @@ class FactsheetInputs:
     command_line: Sequence[str]
     seed: int
     started_at: datetime
-    scheduling_mode: str = "fcfs"
+    scheduling_mode: SchedulingMode = DEFAULT_MODE  # the mode that ran (RunResult.scheduling_mode)
     host: HostInfo | None = None
     git_revision: str | None = None
     generated_at: datetime | None = None
+    job: JobName = "run"
+    verdict: SloVerdict | None = None
+    headline: str | None = None
+    compare: CompareSection | None = None
+    capacity: CapacitySection | None = None
+    calibration: CalibrationSection | None = None
+    runs_workload: bool = True
 
 
 # ---------------------------------------------------------------- small readers
@@ -297,6 +317,18 @@ def _tuning_point(raw: Any) -> TuningPoint | None:
     )
 
 
+def verdict_section(verdict: SloVerdict, headline: str | None = None) -> Verdict:
+    """The factsheet's form of a core.metrics.verdict.SloVerdict (`headline` replaces its own)."""
+    data = verdict.to_dict()
+    return Verdict(
+        state=data["state"],
+        margin=_number(data["margin"]),
+        headline=headline or data["headline"],
+        checks=[VerdictCheck(**check) for check in data["checks"]],
+        per_task={name: verdict_section(task) for name, task in verdict.per_task.items()},
+    )
+
+
 def _tuning(tuning: Mapping[str, Any] | None) -> TuningSection | None:
     if tuning is None:
         return None
@@ -311,6 +343,8 @@ def _tuning(tuning: Mapping[str, Any] | None) -> TuningSection | None:
         segments=segments if segments is not None else (len(trajectory) or None),
         wall_time_s=_number(tuning.get("wall_time_s")),
         trajectory=trajectory,
+        spread=tuning.get("spread") if isinstance(tuning.get("spread"), TuningSpread) else None,
+        slo_p99_s=_number(tuning.get("slo_p99_s")),
     )
 
 
@@ -319,23 +353,30 @@ def build_factsheet(inputs: FactsheetInputs) -> Factsheet:
     host = inputs.host if inputs.host is not None else detect_host()
     system = _system(inputs.backend_description, host)
     simulated = _is_simulator(inputs.backend_description)
-    summary = inputs.summary if isinstance(inputs.summary, Mapping) else inputs.summary.to_dict()
-    performance = _performance(summary, profile, simulated)
-    sustainability = sustainability_section(inputs.energy, performance, profile)
+    raw = inputs.summary
+    summary = None if raw is None else raw if isinstance(raw, Mapping) else raw.to_dict()
+    performance = None if summary is None else _performance(summary, profile, simulated)
+    sustainability = None if performance is None else sustainability_section(inputs.energy, performance, profile)
+    verdict = inputs.verdict if inputs.verdict is not None else slo_verdict(summary or {}, profile)
     source_path = profile_source(profile)
     generated_at = inputs.generated_at or datetime.now(UTC)
     title = f"{profile.name}: {system.model or 'unknown model'} on {system.engine}"
     return Factsheet(
         title=title,
+        job=inputs.job,
+        verdict=verdict_section(verdict, inputs.headline),
         system=system,
         configuration=ConfigurationSection(
             backend=system.backend,
             scheduling_mode=inputs.scheduling_mode,
             knobs=inputs.knobs.model_dump(mode="json"),
         ),
-        workload=_workload(profile),
+        workload=_workload(profile) if inputs.runs_workload else None,
         performance=performance,
         tuning=_tuning(inputs.tuning),
+        compare=inputs.compare,
+        capacity=inputs.capacity,
+        calibration=inputs.calibration,
         sustainability=sustainability,
         provenance=Provenance(
             generated_at=generated_at,

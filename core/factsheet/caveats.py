@@ -14,11 +14,16 @@ WINDOW_MISMATCH_SHARE = 0.1
 
 def factsheet_caveats(
     system: SystemSection,
-    performance: PerformanceSection,
-    sustainability: SustainabilitySection,
+    performance: PerformanceSection | None,
+    sustainability: SustainabilitySection | None,
     energy: EnergyReading | None,
     profile: Profile,
 ) -> list[str]:
+    if performance is None or sustainability is None:
+        return [
+            "This job measures no single run of the workload, so the factsheet has no performance or energy "
+            "section; its own section says what was measured and how."
+        ]
     caveats: list[str] = []
     if performance.basis == "simulated":
         caveats.append(

@@ -1,7 +1,9 @@
 """The factsheet schema: a versioned, typed record of one run's performance and sustainability.
 
 Paper 000 sec. IV argues that factsheets for trusted AI should carry the serving system's performance,
-tail-latency SLO compliance and sustainability; this model is that record. JSON is canonical (published as
+tail-latency SLO compliance and sustainability; this model is that record. Every job writes one (run, tune,
+compare, capacity, calibrate): the common sections, the job's own section, and a verdict (SLO met or
+violated, by how much) that heads the page. JSON is canonical (published as
 JSON Schema in schema/factsheet.schema.json); Markdown is rendered from it. Field names carry their units.
 
 Honesty rules the schema encodes: every energy-derived figure has a basis; a value that is not known is
@@ -15,7 +17,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = "1.0"
+from core.jobs.options import JobName
+from core.metrics.verdict import VerdictState
+from core.profile.scheduling_mode import SchedulingMode
+
+SCHEMA_VERSION = "1.1"  # 1.1: job, verdict, the compare/capacity/calibration sections, tuning spread
 
 FigureBasis = Literal["measured", "modelled", "estimated", "unavailable"]
 # Scalars that may appear in free-form maps (knobs, software versions, extra metrics).
@@ -73,7 +79,7 @@ class SystemSection(Section):
 
 class ConfigurationSection(Section):
     backend: str
-    scheduling_mode: str
+    scheduling_mode: SchedulingMode = Field(description="The scheduling mode that ran")
     knobs: dict[str, Scalar]
 
 
@@ -175,7 +181,49 @@ class PerformanceSection(Section):
     )
 
 
+# ---------------------------------------------------------------- verdict
+
+
+class VerdictCheck(Section):
+    """One figure against its target (core/metrics/verdict.py): met when value <= target."""
+
+    metric: str = Field(description="What is compared, e.g. 'p99', 'TTFT p99', 'offered rate'")
+    value: float | None
+    target: float | None
+    unit: str
+    state: VerdictState
+    margin: float | None = Field(description="value / target - 1: above 0 missed by, below 0 to spare")
+    text: str
+
+
+class Verdict(Section):
+    """Whether the SLO was met, by how much; per task when tasks set their own SLOs."""
+
+    state: VerdictState = Field(
+        description="met / violated: every SLO checked on its p99; unmeasured: nothing completed; no_slo: none set"
+    )
+    margin: float | None = Field(description="The deciding check's margin (the largest)")
+    headline: str
+    checks: list[VerdictCheck] = Field(default_factory=list)
+    per_task: dict[str, Verdict] = Field(default_factory=dict)
+
+
 # ---------------------------------------------------------------- tuning
+
+
+class Spread(Section):
+    min: float | None
+    median: float | None
+    max: float | None
+
+
+class TuningSpread(Section):
+    """How much the tuned configuration's own measurements varied (the search's and the final ones)."""
+
+    measurements: int = Field(description="Full-length segments measured at the tuned configuration")
+    p99_s: Spread
+    slo_attainment: Spread
+    goodput_rps: Spread
 
 
 class TuningPoint(Section):
@@ -194,6 +242,82 @@ class TuningSection(Section):
     segments: int | None = Field(description="Measurement segments the tuner ran")
     wall_time_s: float | None
     trajectory: list[TuningPoint] = Field(description="Each segment's configuration and result, in order")
+    spread: TuningSpread | None = Field(default=None, description="The tuned configuration's measurements")
+    slo_p99_s: float | None = Field(default=None, description="The p99 target the tuner worked against")
+
+
+# ---------------------------------------------------------------- compare, capacity, calibration
+
+
+class CompareRow(Section):
+    mode: str
+    max_num_seqs: int | None
+    speculation: str | None
+    requests: int | None
+    completed: int | None
+    slo_attainment: float | None
+    slo_attainment_per_task: dict[str, float | None] = Field(default_factory=dict)
+    goodput_rps: float | None
+    token_goodput_tps: float | None
+    smooth_goodput: float | None
+    p99_s: float | None
+    cv_completion_over_slo: float | None
+    rejected: int | None
+    deferred: int | None
+    failed: int | None
+    verdict: Verdict
+
+
+class CompareSection(Section):
+    """`--job compare`: every mode on identical seeded arrivals (simulator), one row per mode."""
+
+    seed: int
+    rows: list[CompareRow]
+    skipped: dict[str, str] = Field(default_factory=dict, description="Modes that cannot run this workload, why")
+    static_sweep: dict[str, float | None] = Field(
+        default_factory=dict, description="max_num_seqs -> fcfs SLO attainment at that static cap"
+    )
+    interrupted: bool = False
+    wall_time_s: float | None = None
+
+
+class CapacityRow(Section):
+    mode: str
+    capacity_rps: float | None = Field(description="Highest rate with SLO attainment >= the target")
+    replicas: int
+    capacity_per_replica_rps: float | None
+    ratio_to_first: float | None = Field(description="capacity / the first row's (the baseline's)")
+    probes: int
+    bracket_rps: list[float] = Field(default_factory=list)
+    other: dict[str, Scalar] = Field(default_factory=dict, description="Further figures of the row, verbatim")
+
+
+class CapacitySection(Section):
+    """`--job capacity`: each mode's highest rate at the attainment target (simulator, bisection)."""
+
+    attainment_target: float
+    offered_rate_rps: float | None = Field(description="The profile's own arrival rate (null for a trace)")
+    rows: list[CapacityRow]
+    skipped: dict[str, str] = Field(default_factory=dict)
+
+
+class CalibrationSection(Section):
+    """`--job calibrate`: the step-time model fitted to a sweep of the live server."""
+
+    path: str | None = Field(description="The calibration written (load it with engine.calibration)")
+    points: int
+    observations: int | None
+    rms_relative_error: float | None
+    max_relative_error: float | None
+    terms: list[dict[str, Scalar]] = Field(default_factory=list, description="The fitted roofline terms")
+    request_overhead_s: float | None
+    median_itl_s: float | None
+    fitted_decode_step_s: float | None
+    kv_capacity_tokens: int | None
+    noise_cv: float | None
+    default_acceptance: float | None
+    wall_time_s: float | None
+    interrupted: bool = False
 
 
 # ---------------------------------------------------------------- sustainability
@@ -261,14 +385,21 @@ class Provenance(Section):
 
 class Factsheet(Section):
     schema_name: Literal["slo-console-factsheet"] = Field(default="slo-console-factsheet", alias="schema")
-    schema_version: Literal["1.0"] = SCHEMA_VERSION
+    schema_version: Literal["1.1"] = SCHEMA_VERSION
     title: str
+    job: JobName = Field(default="run", description="The job that wrote this factsheet")
+    verdict: Verdict
     system: SystemSection
     configuration: ConfigurationSection
-    workload: WorkloadSection
-    performance: PerformanceSection
+    workload: WorkloadSection | None = Field(description="null: the job ran no workload of the profile")
+    performance: PerformanceSection | None = Field(
+        description="One run's measurements; null for jobs that measure no single run (capacity, calibrate)"
+    )
     tuning: TuningSection | None
-    sustainability: SustainabilitySection
+    compare: CompareSection | None = None
+    capacity: CapacitySection | None = None
+    calibration: CalibrationSection | None = None
+    sustainability: SustainabilitySection | None
     provenance: Provenance
     caveats: list[str]
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.factsheet.model import Factsheet, Figure, LatencyStats, SLOTargets, TuningPoint
+from core.factsheet.model import Factsheet, Figure, LatencyStats, SLOTargets, Spread, TuningPoint, Verdict
 
 JSON_NAME = "factsheet.json"
 MARKDOWN_NAME = "factsheet.md"
@@ -121,11 +122,33 @@ def _latency_row(label: str, stats: LatencyStats) -> list[str]:
 # ---------------------------------------------------------------- Markdown sections
 
 
+def _verdict_lines(verdict: Verdict) -> list[str]:
+    lines = [f"**{verdict.headline}.**"]
+    if verdict.per_task:
+        lines += [
+            "",
+            *_table(
+                ["Task", "Verdict", "Checked"],
+                [
+                    [name, _STATE_TEXT[task.state], "; ".join(check.text for check in task.checks)]
+                    for name, task in verdict.per_task.items()
+                ],
+            ),
+        ]
+    return lines
+
+
+_STATE_TEXT = {"met": "met", "violated": "violated", "unmeasured": "unknown", "no_slo": "no SLO"}
+
+
 def _headline(f: Factsheet) -> list[str]:
     perf = f.performance
     sus = f.sustainability
+    lines = ["## Headline", "", *_verdict_lines(f.verdict)]
+    if perf is None or sus is None:
+        return lines
     return [
-        "## Headline",
+        *lines,
         "",
         *_table(
             ["Figure", "Value", "Basis"],
@@ -190,6 +213,8 @@ def _configuration(f: Factsheet) -> list[str]:
 
 def _workload(f: Factsheet) -> list[str]:
     workload = f.workload
+    if workload is None:
+        return ["## Workload", "", "This job ran none of the profile's workload (see its own section)."]
     if workload.arrival is not None:
         arrival = dict(workload.arrival)
         arrival_text = f"{arrival.pop('kind', UNKNOWN)} ({_mapping_text(arrival)})"
@@ -200,7 +225,8 @@ def _workload(f: Factsheet) -> list[str]:
         "",
         f"- Profile: {workload.profile}" + (f": {workload.description}" if workload.description else ""),
         f"- Arrivals: {arrival_text}",
-        f"- Requests: {workload.requests}; duration limit: {_num(workload.duration_s, 's')}; "
+        f"- Requests: {workload.requests}; duration limit: "
+        f"{'none' if workload.duration_s is None else _num(workload.duration_s, 's')}; "
         f"warm-up excluded: {workload.warmup_requests} requests, {_num(workload.warmup_s, 's')}",
         f"- Default SLO: {_slo_text(workload.slo)}",
     ]
@@ -228,6 +254,16 @@ def _workload(f: Factsheet) -> list[str]:
 
 def _performance(f: Factsheet) -> list[str]:
     perf = f.performance
+    if perf is None:
+        return ["## Performance", "", "This job measures no single run; its own section holds what it measured."]
+    if perf.requests == 0 or perf.completed == 0:
+        nothing = (
+            "Nothing was measured: no request was sent in the measurement window."
+            if perf.requests == 0
+            else f"Nothing was measured: none of the {perf.requests} requests completed "
+            f"(failed by cause: {_mapping_text(perf.failed_by_status) or 'none reported'})."
+        )
+        return ["## Performance", "", nothing]
     basis = (
         "simulated by the discrete-event simulator (virtual time)"
         if perf.basis == "simulated"
@@ -301,15 +337,30 @@ def _performance(f: Factsheet) -> list[str]:
     return lines
 
 
+def _spread(spread: Spread, text: Callable[[float | None], str]) -> str:
+    if spread.min == spread.max:
+        return text(spread.min)
+    return f"{text(spread.min)} to {text(spread.max)} (median {text(spread.median)})"
+
+
 def _tuning(f: Factsheet) -> list[str]:
     tuning = f.tuning
     if tuning is None:
-        return ["## Tuning", "", "No tuner ran for this factsheet."]
+        return []
     lines = [
         "## Tuning",
         "",
         f"- Tuner: {tuning.tuner or UNKNOWN}; objective: {tuning.objective or UNKNOWN}",
         f"- Segments: {_num(tuning.segments)}; wall time: {_num(tuning.wall_time_s, 's')}",
+    ]
+    spread = tuning.spread
+    if spread is not None:
+        lines.append(
+            f"- The tuned configuration over its {spread.measurements} measurement(s): "
+            f"p99 {_spread(spread.p99_s, lambda v: _num(v, 's'))}; SLO attainment "
+            f"{_spread(spread.slo_attainment, _pct)}; goodput {_spread(spread.goodput_rps, lambda v: _num(v, 'req/s'))}"
+        )
+    lines += [
         "",
         *_table(
             ["Point", "Knobs", "Goodput", "p99", "SLO attainment"],
@@ -329,8 +380,134 @@ def _tuning(f: Factsheet) -> list[str]:
     return lines
 
 
+def _compare(f: Factsheet) -> list[str]:
+    compare = f.compare
+    if compare is None:
+        return []
+    tasks: list[str] = []
+    for row in compare.rows:
+        tasks.extend(task for task in row.slo_attainment_per_task if task not in tasks)
+    lines = [
+        "## Compare",
+        "",
+        f"Every scheduling mode on the same seeded arrivals (seed {compare.seed}, simulator)"
+        + (", stopped early: the rows are the modes finished before the stop." if compare.interrupted else "."),
+        "",
+        *_table(
+            [
+                "Mode",
+                "max_num_seqs",
+                "Speculation",
+                "SLO",
+                "SLO attainment",
+                *[f"Attainment {task}" for task in tasks],
+                "Goodput",
+                "p99",
+                "CV e2e/SLO",
+                "Rejected",
+                "Deferred",
+            ],
+            [
+                [
+                    row.mode,
+                    _num(row.max_num_seqs),
+                    row.speculation or UNKNOWN,
+                    _verdict_cell(row.verdict),
+                    _pct(row.slo_attainment),
+                    *[_pct(row.slo_attainment_per_task.get(task)) for task in tasks],
+                    _num(row.goodput_rps, "req/s"),
+                    _num(row.p99_s, "s"),
+                    _num(row.cv_completion_over_slo),
+                    _num(row.rejected),
+                    _num(row.deferred),
+                ]
+                for row in compare.rows
+            ],
+        ),
+    ]
+    if compare.static_sweep:
+        sweep = ", ".join(f"{cap}: {_pct(share)}" for cap, share in compare.static_sweep.items())
+        lines += ["", f"- fcfs SLO attainment by static max_num_seqs: {sweep}"]
+    lines += [f"- {mode}: not run ({reason})" for mode, reason in compare.skipped.items()]
+    return lines
+
+
+def _verdict_cell(verdict: Verdict) -> str:
+    """ "violated by 9%", "met, 30% to spare", "unknown", "no SLO"."""
+    margin = verdict.margin
+    if margin is None or verdict.state not in ("met", "violated"):
+        return _STATE_TEXT[verdict.state]
+    if verdict.state == "violated":
+        return f"violated by {margin:.0%}"
+    return f"met, {-margin:.0%} to spare"
+
+
+def _capacity(f: Factsheet) -> list[str]:
+    capacity = f.capacity
+    if capacity is None:
+        return []
+    extra: list[str] = []
+    for row in capacity.rows:
+        extra.extend(key for key in row.other if key not in extra)
+    baseline = capacity.rows[0].mode if capacity.rows else "the first"
+    lines = [
+        "## Capacity",
+        "",
+        f"Each mode's highest request rate with SLO attainment ≥ {_pct(capacity.attainment_target)} "
+        "(simulator; the rate bracketed, then bisected). "
+        + (
+            f"The profile offers {_num(capacity.offered_rate_rps, 'req/s')}."
+            if capacity.offered_rate_rps is not None
+            else ""
+        ),
+        "",
+        *_table(
+            ["Mode", "Capacity", "Per replica", "Replicas", f"× {baseline}", "Probes", *extra],
+            [
+                [
+                    row.mode,
+                    _num(row.capacity_rps, "req/s"),
+                    _num(row.capacity_per_replica_rps, "req/s"),
+                    _num(row.replicas),
+                    _num(row.ratio_to_first),
+                    _num(row.probes),
+                    *[_scalar_text(row.other.get(key)) for key in extra],
+                ]
+                for row in capacity.rows
+            ],
+        ),
+    ]
+    lines += [f"- {mode}: not run ({reason})" for mode, reason in capacity.skipped.items()]
+    return lines
+
+
+def _calibration(f: Factsheet) -> list[str]:
+    cal = f.calibration
+    if cal is None:
+        return []
+    lines = [
+        "## Calibration",
+        "",
+        f"- Written to: {cal.path or 'nothing (the sweep was interrupted)'}",
+        f"- Sweep: {cal.points} points, {_num(cal.observations)} step observations; wall time "
+        f"{_num(cal.wall_time_s, 's')}",
+        f"- Fit: RMS relative error {_pct(cal.rms_relative_error)}, max {_pct(cal.max_relative_error)}",
+        f"- Fitted decode step at the median observation: {_num(cal.fitted_decode_step_s, 's')} "
+        f"(median inter-token latency measured {_num(cal.median_itl_s, 's')})",
+        f"- Request overhead outside the engine steps: {_num(cal.request_overhead_s, 's')}",
+        f"- KV capacity: {_num(cal.kv_capacity_tokens, 'tokens')}; step noise CV {_num(cal.noise_cv)}; "
+        f"speculation acceptance {_num(cal.default_acceptance)}",
+    ]
+    if cal.terms:
+        names = list(dict.fromkeys(key for term in cal.terms for key in term))
+        lines += ["", *_table(names, [[_scalar_text(term.get(name)) for name in names] for term in cal.terms])]
+    return lines
+
+
 def _sustainability(f: Factsheet) -> list[str]:
     sus = f.sustainability
+    if sus is None:
+        return ["## Sustainability", "", "This job measures no single run, so no energy or carbon figure is given."]
     meter = sus.meter
     if meter is None:
         meter_lines = ["- Energy meter: none ran"]
@@ -391,22 +568,27 @@ def render_markdown(factsheet: Factsheet) -> str:
     header = [
         f"# Factsheet: {factsheet.title}",
         "",
-        f"Schema {factsheet.schema_name} {factsheet.schema_version}. The JSON beside this page is canonical; "
-        "figures marked simulated or modelled are not measurements, and unknown means not known (not zero).",
+        f"Job: {factsheet.job}. Schema {factsheet.schema_name} {factsheet.schema_version}. The JSON beside this "
+        "page is canonical; figures marked simulated or modelled are not measurements, and unknown means not "
+        "known (not zero).",
     ]
     sections = [
         header,
         _headline(factsheet),
+        # The job's own section comes right after the headline it explains.
+        _tuning(factsheet),
+        _compare(factsheet),
+        _capacity(factsheet),
+        _calibration(factsheet),
         _system(factsheet),
         _configuration(factsheet),
         _workload(factsheet),
         _performance(factsheet),
-        _tuning(factsheet),
         _sustainability(factsheet),
         _provenance(factsheet),
         _caveats(factsheet),
     ]
-    return "\n\n".join("\n".join(section) for section in sections) + "\n"
+    return "\n\n".join("\n".join(section) for section in sections if section) + "\n"
 
 
 def write_factsheet(factsheet: Factsheet, out_dir: Path) -> tuple[Path, Path]:

@@ -48,8 +48,10 @@ def factsheet_for_run(
     command_line: Sequence[str],
     *,
     tuning: Mapping[str, Any] | None = None,
-    scheduling_mode: str = "fcfs",
+    **job: Any,
 ) -> Factsheet:
+    """The factsheet of one run. `job`: FactsheetInputs fields of a job built on this run (job, headline,
+    compare: core/factsheet/jobs.py)."""
     return build_factsheet(
         FactsheetInputs(
             profile=result.profile,
@@ -62,7 +64,8 @@ def factsheet_for_run(
             command_line=list(command_line),
             seed=result.seed,
             started_at=result.started_at or datetime.now(UTC),
-            scheduling_mode=scheduling_mode,
+            scheduling_mode=result.scheduling_mode,
+            **job,
         )
     )
 

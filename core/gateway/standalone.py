@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from core.events import Event, to_json_line
+from core.exit_codes import ExitCode
 from core.gateway.server import Gateway, GatewayError, policy_factory_for
 from core.gateway.upstream import probe_upstreams
-from core.profile import ProfileError, load_profile
-
-EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE, EXIT_INTERRUPTED = 0, 2, 3, 130
+from core.profile import ProfileError, SchedulingMode, load_profile, parse_scheduling_mode
 
 
 @dataclass(slots=True)
@@ -33,7 +32,7 @@ class GatewayArgs:
     upstreams: list[str]
     port: int
     host: str = "127.0.0.1"
-    mode: str | None = None  # None: the profile's mode
+    mode: SchedulingMode | None = None  # None: the profile's mode
     log_requests: bool = False
 
 
@@ -54,7 +53,7 @@ def run_gateway(args: GatewayArgs) -> int:
     try:
         return asyncio.run(_serve(args)) if uvloop is None else uvloop.run(_serve(args))
     except KeyboardInterrupt:  # pragma: no cover - the signal handler normally catches it first
-        return EXIT_INTERRUPTED
+        return ExitCode.INTERRUPTED
 
 
 def settle_heap() -> None:
@@ -80,19 +79,19 @@ async def _serve(args: GatewayArgs) -> int:
         problems.append(f"--port {args.port} is not a port number (0-65535)")
     if problems:
         print(f"slo-console gateway: {problems[0]}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     try:
         profile = load_profile(args.profile)
         factory = policy_factory_for(profile, replicas=len(args.upstreams))
-        policy = factory(args.mode or profile.mode)
+        policy = factory(profile.mode if args.mode is None else parse_scheduling_mode(args.mode))
     except ProfileError as exc:
         print(f"slo-console gateway: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     unreachable = await probe_upstreams(args.upstreams)
     if unreachable:
         message = f"upstream unreachable: {unreachable[0]}; start it or fix --upstream"
         print(f"slo-console gateway: {message}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
+        return ExitCode.BACKEND
     gateway = Gateway(
         args.upstreams,
         policy,
@@ -107,14 +106,14 @@ async def _serve(args: GatewayArgs) -> int:
         url = await gateway.start()
     except GatewayError as exc:
         print(f"slo-console gateway: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return ExitCode.USAGE
     settle_heap()
     loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
     serving = f"serving on {url} (mode {policy.name}, {loop_name} loop)"
     print(f"slo-console gateway: {serving}, Ctrl-C to stop", file=sys.stderr)
     stopped: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     loop = asyncio.get_running_loop()
-    for signum, code in ((signal.SIGINT, EXIT_INTERRUPTED), (signal.SIGTERM, EXIT_OK)):
+    for signum, code in ((signal.SIGINT, ExitCode.INTERRUPTED), (signal.SIGTERM, ExitCode.OK)):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(signum, lambda c=code: stopped.done() or stopped.set_result(c))
     try:

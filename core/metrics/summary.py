@@ -71,6 +71,9 @@ class TaskSummary:
     goodput_rps: float
     token_goodput_tps: float
     smooth_goodput: float
+    # The p99s a task's own TTFT and TPOT SLOs are checked on (core/metrics/verdict.py).
+    ttft_p99_s: float = NAN
+    tpot_p99_s: float = NAN
 
     def to_dict(self) -> dict[str, Any]:
         return _json_ready(asdict(self))
@@ -145,6 +148,8 @@ def _task_summary(out: RequestOutcomes, mask: np.ndarray, window_s: float) -> Ta
         goodput_rps=_rate(int((out.good & mask).sum()), window_s),
         token_goodput_tps=_rate(int(out.output_tokens[attained].sum()), window_s),
         smooth_goodput=_rate(float(out.benefit[mask].sum()), window_s),
+        ttft_p99_s=percentiles(_defined(out.ttft_s[ok]), (99.0,))[0],
+        tpot_p99_s=percentiles(_defined(out.tpot_s[ok]), (99.0,))[0],
     )
 
 

@@ -8,12 +8,14 @@ workload_spec.py  the offered load: request lengths, arrivals, tasks, traces, SL
 serving_spec.py   the server: knobs, the step-time calibration, power, carbon inputs, how vLLM is launched
 mode_specs.py     the tuner and each scheduling mode's settings (AdaServe, SABER, SLOs-Serve)
 model.py          `Profile`, the whole document
-loading.py        reading profiles and the files they name, `ProfileError`, provenance hash
+scheduling_mode.py `SchedulingMode`: the scheduling mode, one type validated once
+errors.py         `ProfileError`: bad input (exit code 2)
+loading.py        reading profiles and the files they name, provenance hash
 """
 
+from core.profile.errors import ProfileError
 from core.profile.loading import (
     PROFILES_DIR,
-    ProfileError,
     load_calibration,
     load_profile,
     profile_hash,
@@ -23,6 +25,7 @@ from core.profile.loading import (
 )
 from core.profile.mode_specs import AdaServeSpec, SaberSpec, SlosServeSpec, TunerSpec
 from core.profile.model import Profile
+from core.profile.scheduling_mode import DEFAULT_MODE, SCHEDULING_MODES, SchedulingMode, parse_scheduling_mode
 from core.profile.serving_spec import (
     Calibration,
     EngineSpec,
@@ -54,7 +57,9 @@ from core.profile.workload_spec import (
 )
 
 __all__ = [
+    "DEFAULT_MODE",
     "PROFILES_DIR",
+    "SCHEDULING_MODES",
     "AdaServeSpec",
     "Arrival",
     "Calibration",
@@ -75,6 +80,7 @@ __all__ = [
     "ProfileError",
     "SLOSpec",
     "SaberSpec",
+    "SchedulingMode",
     "ServerSpec",
     "SlosServeSpec",
     "SmoothGoodputSpec",
@@ -88,6 +94,7 @@ __all__ = [
     "WorkloadSpec",
     "load_calibration",
     "load_profile",
+    "parse_scheduling_mode",
     "profile_hash",
     "profile_source",
     "resolve_profile_path",

@@ -2,30 +2,62 @@
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import types
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
+from core.profile.errors import ProfileError
 from core.profile.model import Profile
 from core.profile.serving_spec import Calibration
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent.parent / "profiles"
 
 
-class ProfileError(ValueError):
-    """A profile could not be read or is invalid. The message is one line naming cause and fix."""
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation can hold (through Optional, unions, lists, dicts, Annotated)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin = typing.get_origin(annotation)
+    if origin is None:
+        return []
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        args = args[:1]
+    elif origin not in (typing.Union, types.UnionType, list, dict, tuple, set):
+        return []
+    return [model for arg in args for model in _models_in(arg)]
 
 
-def _format_validation(path: Path, err: ValidationError) -> str:
+def _field_suggestion(root: type[BaseModel], loc: tuple[Any, ...]) -> str | None:
+    """For an unknown key at `loc`, the nearest field name the model at that level has (difflib)."""
+    models = [root]
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue  # a list index: the same models
+        fields = [model.model_fields[part] for model in models if part in model.model_fields]
+        inner = [m for info in fields for m in _models_in(info.annotation)]
+        # Not a field: a union's tag in the location (e.g. `poisson`); keep the models as they are.
+        models = inner or models
+    names = {name for model in models for name in model.model_fields}
+    near = difflib.get_close_matches(str(loc[-1]), sorted(names), n=1)
+    return near[0] if near else None
+
+
+def _format_validation(path: Path, err: ValidationError, model: type[BaseModel]) -> str:
     errors = err.errors()
     # A misspelt key usually also causes a "field required" error elsewhere; the typo is the cause.
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
     if first["type"] == "extra_forbidden":
-        msg = "unknown field; check its spelling and level against the shipped profiles/quickstart.yaml"
+        near = _field_suggestion(model, tuple(p for p in first["loc"] if not str(p).startswith("function-after")))
+        hint = f"did you mean {near}? " if near else ""
+        msg = f"unknown field; {hint}check its spelling and level against the shipped profiles/quickstart.yaml"
     else:
         msg = first["msg"]
     got = first.get("input")
@@ -49,7 +81,17 @@ def resolve_profile_path(name_or_path: str | Path) -> Path:
     for candidate in candidates:
         if candidate.exists():
             return candidate
-    raise ProfileError(f"{name_or_path}: profile not found; give a path to a YAML file or a name from {PROFILES_DIR}")
+    shipped = shipped_profiles()
+    near = difflib.get_close_matches(str(name_or_path), shipped, n=1)
+    hint = f"did you mean {near[0]}? " if near else ""
+    raise ProfileError(
+        f"{name_or_path}: profile not found; {hint}give a path to a YAML file or a shipped name: {', '.join(shipped)}"
+    )
+
+
+def shipped_profiles() -> list[str]:
+    """The names of the profiles installed with slo-console (profiles/*.yaml)."""
+    return sorted(path.stem for path in PROFILES_DIR.glob("*.yaml"))
 
 
 def _read_yaml(path: Path) -> Any:
@@ -71,7 +113,7 @@ def load_profile(name_or_path: str | Path) -> Profile:
     try:
         profile = Profile.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(_format_validation(path, exc)) from None
+        raise ProfileError(_format_validation(path, exc, Profile)) from None
     # Remember where it came from: relative paths inside (calibration, trace) resolve against it.
     profile._source = path.resolve()
     return profile
@@ -103,7 +145,7 @@ def load_calibration(profile: Profile) -> Calibration:
     try:
         return Calibration.model_validate(data)
     except ValidationError as exc:
-        raise ProfileError(_format_validation(path, exc)) from None
+        raise ProfileError(_format_validation(path, exc, Calibration)) from None
 
 
 def profile_hash(profile: Profile) -> str:

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, PrivateAttr
 
 from core.profile.mode_specs import AdaServeSpec, SaberSpec, SlosServeSpec, TunerSpec
+from core.profile.scheduling_mode import DEFAULT_MODE, SchedulingMode
 from core.profile.serving_spec import EngineSpec, KnobsSpec, ServerSpec, SustainabilitySpec
 from core.profile.strict import Strict
 from core.profile.workload_spec import SLOSpec, SmoothGoodputSpec, WorkloadSpec
@@ -25,9 +26,9 @@ class Profile(Strict):
     sustainability: SustainabilitySpec = Field(default_factory=SustainabilitySpec)
     server: ServerSpec = Field(default_factory=ServerSpec)
     tuner: TunerSpec = Field(default_factory=TunerSpec)
-    # Scheduling mode (core/modes.py: fcfs = vLLM's default) and how many engine replicas the
-    # simulator runs behind the controller (live: one per upstream server).
-    mode: str = "fcfs"
+    # Scheduling mode (core/profile/scheduling_mode.py; fcfs = vLLM's default) and how many engine replicas
+    # the simulator runs behind the controller (live: one per upstream server).
+    mode: SchedulingMode = DEFAULT_MODE
     replicas: Annotated[int, Field(ge=1, le=64)] = 1
     adaserve: AdaServeSpec = Field(default_factory=AdaServeSpec)
 
@@ -36,3 +37,9 @@ class Profile(Strict):
     # Extension sections owned by other capabilities (live server, tuner, energy) are added here.
 
     _source: Path | None = PrivateAttr(default=None)
+
+    def with_mode(self, mode: SchedulingMode | None) -> Profile:
+        """This profile in `mode` (None: as it is): how a front end applies --mode or the Modes tab, once."""
+        if mode is None or mode == self.mode:
+            return self
+        return self.model_copy(update={"mode": mode})

@@ -62,6 +62,7 @@ class TuneResult:
     interrupted: bool = False
     journal_path: Path | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    history: list[Segment] = field(default_factory=list)  # every target-world segment, in the order taken
 
     @property
     def live_segments_saved(self) -> int | None:
@@ -285,6 +286,7 @@ async def run_tune(
         wall_s=time.perf_counter() - wall_start,
         interrupted=interrupted,
         journal_path=journal_path,
+        history=list(target.history),
     )
     sink(tune_summary_event(result))
     return result

@@ -1,4 +1,4 @@
-"""Jobs: the work a user asks for (run a workload, tune, calibrate), written once for batch and console.
+"""The run job: offer a profile's workload to a backend, written once for batch and console.
 
 A job turns a profile and a backend into events on a sink and a result. The batch runner prints the
 events as JSON Lines; the console renders the same events in panels.
@@ -7,7 +7,7 @@ events as JSON Lines; the console renders the same events in panels.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +17,7 @@ from core.backends.account import client_account
 from core.energy import EnergyMeter, EnergyReading, UnavailableMeter, auto_meter
 from core.events import EventSink, make_event
 from core.metrics import Summary, WindowedAggregator, summarize
-from core.profile import KnobsSpec, Profile
+from core.profile import DEFAULT_MODE, KnobsSpec, Profile, SchedulingMode, parse_scheduling_mode
 from core.records import RequestRecord
 from core.workload import build_load_plan
 
@@ -50,6 +50,8 @@ class RunResult:
     knobs: KnobsSpec | None = None
     started_at: datetime | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # The scheduling mode that ran, as the backend reports it (scheduling_mode_that_ran).
+    scheduling_mode: SchedulingMode = DEFAULT_MODE
 
     @property
     def records(self) -> list[RequestRecord]:
@@ -112,12 +114,22 @@ class _RunObserver:
         )
 
 
+def scheduling_mode_that_ran(description: Mapping[str, Any]) -> SchedulingMode:
+    """The mode a backend serves, from its own `describe()`: the simulator's controller (`mode`), or the
+    admission gateway's (`gateway.mode`) in front of a live server. A live server with no gateway in front
+    runs no controller: that is vLLM's own scheduler, fcfs."""
+    gateway = description.get("gateway")
+    reported = gateway.get("mode") if isinstance(gateway, Mapping) else description.get("mode")
+    return DEFAULT_MODE if reported is None else parse_scheduling_mode(str(reported), "backend mode")
+
+
 def summary_event(result: RunResult) -> dict[str, Any]:
     """The final line of a batch run: every headline metric, byte-stable for a given profile and seed."""
     return make_event(
         "summary",
         profile=result.profile.name,
         backend=result.backend.get("backend"),
+        scheduling_mode=result.scheduling_mode,
         seed=result.seed,
         interrupted=result.interrupted,
         **result.summary.to_dict(),
@@ -133,6 +145,7 @@ async def run_workload(
     seed = options.seed if options.seed is not None else profile.seed
     plan = build_load_plan(profile, seed=seed, requests=options.requests, duration_s=options.duration_s)
     description = backend.describe()
+    mode = scheduling_mode_that_ran(description)
     sink(
         make_event(
             "start",
@@ -140,6 +153,7 @@ async def run_workload(
             profile=profile.name,
             seed=seed,
             backend=description,
+            scheduling_mode=mode,
             knobs=profile.knobs.model_dump(),
             mode=plan.mode,
             max_requests=plan.max_requests,
@@ -172,7 +186,7 @@ async def run_workload(
     if "client_behind" in outcome.notes:
         sink(make_event("warning", source="load_client", message=outcome.notes["client_behind"], **account))
     return RunResult(
-        profile=_as_run(profile, options),
+        profile=as_run(profile, options.requests, options.duration_s),
         backend=description,
         summary=summary,
         outcome=outcome,
@@ -183,17 +197,18 @@ async def run_workload(
         knobs=profile.knobs,
         started_at=started_at,
         extra=extra,
+        scheduling_mode=mode,
     )
 
 
-def _as_run(profile: Profile, options: RunOptions) -> Profile:
+def as_run(profile: Profile, requests: int | None, duration_s: float | None) -> Profile:
     """The profile with the command line's --requests / --duration in its workload: what the factsheet
     describes is the workload that ran, not the one the file would have run."""
     update: dict[str, Any] = {}
-    if options.requests is not None:
-        update["requests"] = options.requests
-    if options.duration_s is not None:
-        update["duration_s"] = options.duration_s
+    if requests is not None:
+        update["requests"] = requests
+    if duration_s is not None:
+        update["duration_s"] = duration_s
     if not update:
         return profile
     return profile.model_copy(update={"workload": profile.workload.model_copy(update=update)})
