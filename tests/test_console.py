@@ -118,14 +118,14 @@ async def test_opens_on_the_simulator_and_panels_move_then_match_the_batch_summa
     app = create_app("quickstart", requests=REQUESTS, speed=FAST)
     async with app.run_test(size=SIZE) as pilot:
         # The run starts by itself: a first-time user sees live panels without pressing anything.
-        await wait_until(pilot, lambda: app.session.finished > 0)
-        assert app.session.run_state in ("running", "finished")
-        await wait_until(pilot, lambda: app.session.run_state == "finished")
-        assert len(app.session.series["p99_s"]) >= 3  # a time series, not one final point
-        assert len(app.session.series["running"]) >= 3
+        await wait_until(pilot, lambda: app.state.session.finished > 0)
+        assert app.state.session.run_state in ("running", "finished")
+        await wait_until(pilot, lambda: app.state.session.run_state == "finished")
+        assert len(app.state.session.series["p99_s"]) >= 3  # a time series, not one final point
+        assert len(app.state.session.series["running"]) >= 3
         expected = await asyncio.to_thread(batch_summary_line, "--requests", str(REQUESTS))
-        assert app.last_result is not None
-        assert summary_event(app.last_result) == expected  # byte for byte, pacing changes nothing
+        assert app.state.last_result is not None
+        assert summary_event(app.state.last_result) == expected  # byte for byte, pacing changes nothing
         # Tiles show the run's summary once it ends: the batch runner's numbers, to the digits shown.
         assert tile(app, "kpi-p99").value_text == f"{expected['p99_s']:.3f}"
         assert tile(app, "kpi-goodput").value_text == f"{expected['goodput_rps']:.2f}"
@@ -146,17 +146,17 @@ async def test_stop_keeps_what_was_measured_and_r_runs_again() -> None:
     # seconds still cannot finish the run before `s` arrives (at 20x, 6 s, a clean-clone CI run did).
     app = create_app("quickstart", speed=4.0)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.session.finished >= 100)
+        await wait_until(pilot, lambda: app.state.session.finished >= 100)
         await pilot.press("s")
-        await wait_until(pilot, lambda: app.session.run_state == "stopped")
-        assert app.last_result is not None and app.last_result.interrupted
-        assert 0 < app.last_result.summary.requests < 2000
-        stopped = app.last_result
+        await wait_until(pilot, lambda: app.state.session.run_state == "stopped")
+        assert app.state.last_result is not None and app.state.last_result.interrupted
+        assert 0 < app.state.last_result.summary.requests < 2000
+        stopped = app.state.last_result
         await pilot.press("r")
-        await wait_until(pilot, lambda: app.session.run_state == "running")
-        assert app.session.summary is None  # a fresh run: the stopped run's summary is gone from the tiles
+        await wait_until(pilot, lambda: app.state.session.run_state == "running")
+        assert app.state.session.summary is None  # a fresh run: the stopped run's summary is gone from the tiles
         assert tile(app, "kpi-p99").border_subtitle == "SLO 1.20 s"
-        assert app.last_result is stopped  # the stopped run stays exportable until the new one ends
+        assert app.state.last_result is stopped  # the stopped run stays exportable until the new one ends
         await pilot.press("q")
 
 
@@ -186,14 +186,14 @@ async def test_tuner_on_the_simulator_shows_trajectory_rows_as_they_arrive() -> 
     app = create_app("quickstart", requests=REQUESTS, speed=None, autostart=False, tuner_spec=small_tuner())
     async with app.run_test(size=SIZE, message_hook=None) as pilot:
         await pilot.press("t")
-        await wait_until(pilot, lambda: app.session.tune.finished, timeout_s=120)
+        await wait_until(pilot, lambda: app.state.session.tune.finished, timeout_s=120)
         table = app.get_screen_main().query_one("#trajectory", DataTable)
-        assert table.row_count == len(app.session.tune.steps) >= 1
+        assert table.row_count == len(app.state.session.tune.steps) >= 1
         assert app.get_screen_main().query_one("TabbedContent").active == "tuner"
         first = table.get_row_at(0)
         start_seqs = load_profile("quickstart").knobs.max_num_seqs  # the tuner starts from the profile's knobs
         assert first[0] == "1" and f"seqs {start_seqs}" in first[1]
-        assert tile(app, "tune-segments").value_text.startswith(str(app.session.tune.segments_used))
+        assert tile(app, "tune-segments").value_text.startswith(str(app.state.session.tune.segments_used))
         assert tile(app, "tune-best").value_text != "—"
         await pilot.press("q")
 
@@ -203,10 +203,10 @@ async def test_tuner_view_renders_fed_events_row_by_row() -> None:
     app = create_app("quickstart", autostart=False)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")
-        app.session.apply(make_event("start", job="tune", steps=3, slo_p99_s=1.2), wall_s=0.0)
+        app.state.session.apply(make_event("start", job="tune", steps=3, slo_p99_s=1.2), wall_s=0.0)
         table = app.get_screen_main().query_one("#trajectory", DataTable)
         for step, p99 in enumerate([1.9, 1.3, 1.0], start=1):
-            app.session.apply(
+            app.state.session.apply(
                 make_event(
                     "tune_step",
                     step=step,
@@ -237,14 +237,14 @@ async def test_f_exports_a_factsheet_and_says_where(tmp_path: Path) -> None:
     out = tmp_path / "session"
     app = create_app("quickstart", requests=REQUESTS, speed=None, out=out)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        await wait_until(pilot, lambda: app.session.run_state == "finished")
+        await wait_until(pilot, lambda: app.state.session.run_state == "finished")
         await pilot.press("f")
-        await wait_until(pilot, lambda: app.last_export is not None)
-        json_path, markdown_path = app.last_export
+        await wait_until(pilot, lambda: app.state.last_export is not None)
+        json_path, markdown_path = app.state.last_export
         assert json_path == out / "factsheet.json" and json_path.exists() and markdown_path.exists()
         factsheet = json.loads(json_path.read_text())
         assert factsheet["performance"]["basis"] == "simulated"
-        assert factsheet["performance"]["requests"] == app.last_result.summary.requests
+        assert factsheet["performance"]["requests"] == app.state.last_result.summary.requests
         assert any(str(json_path) in n.message for n in app._notifications)
         await pilot.press("q")
 
@@ -264,17 +264,17 @@ async def test_factsheet_before_any_run_explains_what_to_do() -> None:
 async def test_knob_edit_restarts_the_simulated_run_with_the_new_knobs() -> None:
     app = create_app("quickstart", requests=REQUESTS, speed=None)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.session.run_state == "finished")
-        first = app.last_result
+        await wait_until(pilot, lambda: app.state.session.run_state == "finished")
+        first = app.state.last_result
         await pilot.press("3")
         screen = app.get_screen_main()
         screen.query_one("#knob-max_num_seqs", Input).value = "4"
         await pilot.click("#restart")
-        await wait_until(pilot, lambda: app.last_result is not first and app.session.run_state == "finished")
-        assert app.last_result.profile.knobs.max_num_seqs == 4
-        assert app.session.knobs["max_num_seqs"] == 4
+        await wait_until(pilot, lambda: app.state.last_result is not first and app.state.session.run_state == "finished")
+        assert app.state.last_result.profile.knobs.max_num_seqs == 4
+        assert app.state.session.knobs["max_num_seqs"] == 4
         # Fewer sequences per batch queue longer under the same arrivals.
-        assert app.last_result.summary.p99_s > first.summary.p99_s
+        assert app.state.last_result.summary.p99_s > first.summary.p99_s
         assert "embedded simulator" in str(screen.query_one("#process-command").render())
 
 
@@ -287,7 +287,7 @@ async def test_a_bad_knob_is_refused_with_cause_and_fix() -> None:
         await pilot.pause()
         [note] = list(app._notifications)
         assert note.severity == "error" and "max_num_seqs" in note.message and "fix" in note.message
-        assert app.session.run_state == "idle"
+        assert app.state.session.run_state == "idle"
 
 
 # ---------------------------------------------------------------- feel: help, palette, modes
@@ -309,7 +309,7 @@ async def test_help_screen_and_palette_commands() -> None:
 async def test_modes_tab_lists_every_mode_with_the_last_run_of_the_one_in_use() -> None:
     app = create_app("quickstart", requests=REQUESTS, speed=None)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.session.run_state == "finished")
+        await wait_until(pilot, lambda: app.state.session.run_state == "finished")
         await pilot.press("4")
         await pilot.pause(0.2)
         screen = app.get_screen_main()
@@ -318,7 +318,7 @@ async def test_modes_tab_lists_every_mode_with_the_last_run_of_the_one_in_use() 
         rows = [table.get_row_at(i) for i in range(table.row_count)]
         assert [row[0] for row in rows] == list(MODES)
         assert rows[0][2] == "in use · last run"
-        summary = app.last_result.summary
+        summary = app.state.last_result.summary
         assert rows[0][3] == f"{100 * summary.slo_attainment:.1f}" and rows[0][5] == f"{summary.p99_s:.3f}"
 
 
@@ -326,24 +326,24 @@ async def test_switching_mode_on_a_live_server_puts_the_gateway_in_front_and_the
     async with FakeOpenAIServer(StreamReply(), tokens_per_word=1) as fake:
         app = create_app("quickstart", "url", url=fake.base_url, requests=6, autostart=False)
         async with app.run_test(size=SIZE) as pilot:
-            app.start_run()
-            await wait_until(pilot, lambda: app.session.run_state == "finished")
-            assert not isinstance(app.backend, GatewayBackend) and len(fake.bodies) == 6
+            app.runs.start()
+            await wait_until(pilot, lambda: app.state.session.run_state == "finished")
+            assert not isinstance(app.state.backend, GatewayBackend) and len(fake.bodies) == 6
             await pilot.press("4")
             await pilot.pause(0.1)
             app.get_screen_main().query_one("#modes-table", DataTable).focus()
             await pilot.press("enter")  # the cursor is on fcfs: choosing a mode on a live server means the gateway
             await pilot.pause(0.1)
-            backend = app.backend
+            backend = app.state.backend
             assert isinstance(backend, GatewayBackend) and backend.mode == "fcfs"
-            app.start_run()
-            await wait_until(pilot, lambda: app.session.run_state == "finished" and backend.gateway is not None)
-            await wait_until(pilot, lambda: app.session.summary is not None)
+            app.runs.start()
+            await wait_until(pilot, lambda: app.state.session.run_state == "finished" and backend.gateway is not None)
+            await wait_until(pilot, lambda: app.state.session.summary is not None)
             gateway = backend.gateway
             assert gateway is not None and gateway.stats.completed == 6 and len(fake.bodies) == 12
-            app.switch_mode("fcfs")  # the running gateway swaps its policy (on its own loop); nothing restarts
+            app.modes.switch("fcfs")  # the running gateway swaps its policy (on its own loop); nothing restarts
             await wait_until(pilot, lambda: gateway.stats.policy_swaps == 1)
-            assert app.backend is backend and backend.gateway is gateway
+            assert app.state.backend is backend and backend.gateway is gateway
             await pilot.press("q")  # quits: the gateway stops on its loop before the load thread does
         assert backend.gateway is None
 
@@ -393,7 +393,7 @@ async def test_quit_stops_the_server_the_console_started() -> None:
 
     app = create_app("quickstart", requests=REQUESTS, speed=None, backend_factory=factory)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_until(pilot, lambda: app.session.run_state == "finished")
+        await wait_until(pilot, lambda: app.state.session.run_state == "finished")
         [backend] = backends
         pid = backend.process.pid
         assert pid is not None and backend.process.is_running()
@@ -435,12 +435,12 @@ async def test_a_live_run_generates_load_off_the_ui_loop() -> None:
             backend_factory=lambda profile: WatchedUrlBackend(server.base_url, metrics_interval_s=None),
         )
         async with app.run_test(size=SIZE) as pilot:
-            await wait_until(pilot, lambda: app.session.run_state == "finished")
+            await wait_until(pilot, lambda: app.state.session.run_state == "finished")
             ui_loop = asyncio.get_running_loop()
-            result = app.last_result
+            result = app.state.last_result
             assert result is not None and len(result.records) == 40
             assert all(record.ok for record in result.records)
-            assert app.session.run_state == "finished"  # the events crossed back to the UI loop
+            assert app.state.session.run_state == "finished"  # the events crossed back to the UI loop
             await pilot.press("q")
 
     assert seen["thread"] is not threading.main_thread() and seen["thread"].name == "slo-console-load"
