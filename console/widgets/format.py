@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from console.session import finite
+from core.metrics.slo_verdict import slo_verdict
 
 UNKNOWN = "—"
 
@@ -52,3 +53,16 @@ def duration(seconds: float | None) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def slo_verdict_text(p99_s: float | None, slo_s: float | None) -> tuple[str, str] | None:
+    """A finished run's p99 against its SLO in words: ("met", "16% under"), ("violated", "12% over") or
+    ("nothing measured", ""); None when the profile sets no latency SLO."""
+    if slo_s is None:
+        return None
+    verdict = slo_verdict(p99_s, slo_s)
+    if verdict.margin != verdict.margin:  # NaN: no request completed in the measured window
+        return "nothing measured", ""
+    share = abs(verdict.margin) * 100
+    amount = f"{share:.0f}%" if share >= 1 else f"{share:.1f}%"
+    return ("met", f"{amount} under") if verdict.met else ("violated", f"{amount} over")
