@@ -90,10 +90,14 @@ class SloConsoleApp(App[int]):
         Binding("s", "stop", "Stop"),
         Binding("t", "tune", "Tune"),
         Binding("f", "factsheet", "Factsheet"),
-        Binding("1", "show_tab('monitor')", "Monitor"),
-        Binding("2", "show_tab('tuner')", "Tuner"),
-        Binding("3", "show_tab('process')", "Process"),
-        Binding("4", "show_tab('modes')", "Modes"),
+        # Tab numbers and Esc come first on the main screen, whatever has focus: they always navigate and
+        # never land in a field (the main screen has none; a knob's value is typed in its own dialog, where
+        # `check_action` lets the digits through).
+        Binding("1", "show_tab('monitor')", "Monitor", priority=True),
+        Binding("2", "show_tab('tuner')", "Tuner", priority=True),
+        Binding("3", "show_tab('process')", "Process", priority=True),
+        Binding("4", "show_tab('modes')", "Modes", priority=True),
+        Binding("escape", "release_focus", "Unfocus", show=False, priority=True),
         Binding("c", "compare", "Compare modes"),
         Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("q", "quit", "Quit"),
@@ -181,7 +185,7 @@ class SloConsoleApp(App[int]):
             try:
                 knobs = self.get_screen_main().query_one(KnobEditor).knobs(self.state.profile.knobs)
             except KnobsInvalid as exc:
-                self.notify_error("Knobs not applied", exc)
+                self.notify_error("Knobs not applied", exc, fix="Enter on the knob in the process tab (3) edits it")
                 return
         self.process.action(action, knobs)
 
@@ -200,6 +204,17 @@ class SloConsoleApp(App[int]):
     def action_compare(self) -> None:
         self.action_show_tab("modes")
         self.modes.compare()
+
+    # Actions that act on the main screen only: on a dialog, the palette or help, their keys go to it.
+    MAIN_SCREEN_ACTIONS = frozenset({"show_tab", "release_focus"})
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in self.MAIN_SCREEN_ACTIONS:
+            return isinstance(self.screen, MainScreen)
+        return True
+
+    def action_release_focus(self) -> None:
+        self.screen.set_focus(None)
 
     def action_show_tab(self, tab: str) -> None:
         if tab in TABS:

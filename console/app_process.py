@@ -36,6 +36,8 @@ class ProcessController:
 
     def show_facts(self) -> None:
         state = self.state
+        with contextlib.suppress(RuntimeError, NoMatches):
+            self._view().show_knobs(state.profile.knobs.model_dump())
         if state.live:
             self.poll()
             return
@@ -117,4 +119,4 @@ class ProcessController:
                 await backend.restart(knobs)  # type: ignore[attr-defined]
         except (ProfileError, BackendUnavailable) as exc:
             self.app.notify_error(f"vLLM {action} failed", exc)
-        self.poll()
+        self.show_facts()

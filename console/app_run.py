@@ -16,7 +16,10 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from console.messages import SessionChanged
+from console.session import finite
+from console.widgets.format import slo_verdict_text
 from core.backends.base import Backend, BackendUnavailable
+from core.compare import speculation_of
 from core.events import Event
 from core.jobs import RunOptions, run_workload, summary_event
 from core.profile import KnobsSpec, ProfileError
@@ -149,16 +152,22 @@ class RunController:
         finally:
             state.run_task = None
         state.last_result = result
+        state.session.speculation = speculation_of(backend, profile.knobs)
         sink(summary_event(result))
         if result.interrupted:
             self.app.notify("Stopped: the tiles show the requests finished before the stop.", title="Run stopped")
         else:
             summary = result.summary
-            self.app.notify(
-                f"p99 {summary.p99_s:.3f} s, goodput {summary.goodput_rps:.2f} req/s over {summary.requests} "
-                "requests. Press f to export a factsheet.",
-                title="Run finished",
-            )
+            p99 = finite(summary.p99_s)
+            verdict = slo_verdict_text(p99, state.session.slo_e2e_s)
+            if p99 is None:
+                said = "No request completed in the measured window: nothing to judge against the SLO."
+            else:
+                slo = f" (SLO {verdict[0]}: {verdict[1]} {state.session.slo_e2e_s:.2f} s)" if verdict else ""
+                said = (
+                    f"p99 {p99:.3f} s{slo}, goodput {summary.goodput_rps:.2f} req/s over {summary.requests} requests."
+                )
+            self.app.notify(f"{said} Press f to export a factsheet.", title="Run finished")
 
     def _fail(self, title: str, exc: BaseException, fix: str | None = None) -> None:
         self.state.session.run_state = "failed"

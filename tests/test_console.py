@@ -14,18 +14,21 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable, Input, TabbedContent
 
 from console.app import SloConsoleApp
 from console.launch import create_app, run_app
 from console.messages import SessionChanged
+from console.screens.main import TABS
 from console.session import Session
 from console.widgets.kpi import KpiTile
+from console.widgets.process import KnobDialog, KnobEditor
 from core.backends.gateway import GatewayBackend
 from core.backends.sim import SimBackend
 from core.control.modes import MODES
 from core.events import make_event
 from core.jobs import summary_event
+from core.metrics.slo_verdict import slo_verdict
 from core.profile import Profile, TunerSpec, load_calibration, load_profile
 from tests.fakeserver import FakeOpenAIServer, StreamReply
 
@@ -127,7 +130,11 @@ async def test_opens_on_the_simulator_and_panels_move_then_match_the_batch_summa
         assert app.state.last_result is not None
         assert summary_event(app.state.last_result) == expected  # byte for byte, pacing changes nothing
         # Tiles show the run's summary once it ends: the batch runner's numbers, to the digits shown.
-        assert tile(app, "kpi-p99").value_text == f"{expected['p99_s']:.3f}"
+        # ... and whether the p99 met the 1.2 s SLO and by how much (the verdict core/metrics/slo_verdict gives).
+        verdict = slo_verdict(expected["p99_s"], 1.2)
+        word, side = ("met", "under") if verdict.met else ("violated", "over")
+        assert tile(app, "kpi-p99").value_text == f"{expected['p99_s']:.3f} · {word}"
+        assert tile(app, "kpi-p99").border_subtitle == f"{abs(verdict.margin) * 100:.0f}% {side} SLO"
         assert tile(app, "kpi-goodput").value_text == f"{expected['goodput_rps']:.2f}"
         assert tile(app, "kpi-attain").value_text == f"{expected['slo_attainment'] * 100:.1f}%"
         # The p99 tile's colour says where p99 stands against the 1.2 s SLO: red over it, green well within.
@@ -261,6 +268,17 @@ async def test_factsheet_before_any_run_explains_what_to_do() -> None:
 # ---------------------------------------------------------------- process view, knobs
 
 
+async def edit_knob(pilot: Pilot[Any], row: int, text: str) -> None:
+    """On the Process tab: the cursor to knob `row`, Enter opens its dialog, `text` is typed, Enter keeps it."""
+    app = pilot.app
+    assert isinstance(app.focused, KnobEditor)
+    await pilot.press("home", *["down"] * row, "enter")
+    await pilot.pause()
+    assert isinstance(app.screen, KnobDialog)
+    await pilot.press(*text, "enter")  # the number keys type here: the dialog is where values are entered
+    await pilot.pause()
+
+
 async def test_knob_edit_restarts_the_simulated_run_with_the_new_knobs() -> None:
     app = create_app("quickstart", requests=REQUESTS, speed=None)
     async with app.run_test(size=SIZE) as pilot:
@@ -268,26 +286,119 @@ async def test_knob_edit_restarts_the_simulated_run_with_the_new_knobs() -> None
         first = app.state.last_result
         await pilot.press("3")
         screen = app.get_screen_main()
-        screen.query_one("#knob-max_num_seqs", Input).value = "4"
+        editor = screen.query_one(KnobEditor)
+        await edit_knob(pilot, 1, "4")  # max_num_seqs: the dialog opens with 12 selected, so 4 replaces it
+        assert app.screen is screen and editor.pending["max_num_seqs"] == 4
+        assert editor.get_cell("max_num_seqs", "value") == "12 → 4"  # pending until applied
+        assert app.state.profile.knobs.max_num_seqs == 12
         await pilot.click("#restart")
-        await wait_until(pilot, lambda: app.state.last_result is not first and app.state.session.run_state == "finished")
+        await wait_until(
+            pilot, lambda: app.state.last_result is not first and app.state.session.run_state == "finished"
+        )
+        assert app.state.last_result is not None
         assert app.state.last_result.profile.knobs.max_num_seqs == 4
         assert app.state.session.knobs["max_num_seqs"] == 4
+        assert editor.get_cell("max_num_seqs", "value") == "4"  # applied: nothing pending
         # Fewer sequences per batch queue longer under the same arrivals.
         assert app.state.last_result.summary.p99_s > first.summary.p99_s
         assert "embedded simulator" in str(screen.query_one("#process-command").render())
 
 
-async def test_a_bad_knob_is_refused_with_cause_and_fix() -> None:
+async def test_a_bad_knob_value_is_refused_in_its_dialog_and_esc_leaves_it_as_it_was() -> None:
+    app = create_app("quickstart", autostart=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        await edit_knob(pilot, 1, "0")
+        dialog = app.screen
+        assert isinstance(dialog, KnobDialog)  # still open: 0 is no max_num_seqs
+        problem = str(dialog.query_one("#knob-problem").render())
+        assert "max_num_seqs" in problem and "greater than" in problem
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.get_screen_main()
+        assert app.get_screen_main().query_one(KnobEditor).pending["max_num_seqs"] == 12
+        assert app.state.session.run_state == "idle"
+
+
+async def test_on_off_knobs_flip_with_enter_and_a_refused_combination_says_cause_and_fix() -> None:
     app = create_app("quickstart", autostart=False)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await pilot.press("3")
-        app.get_screen_main().query_one("#knob-max_num_seqs", Input).value = "0"
+        editor = app.get_screen_main().query_one(KnobEditor)
+        await pilot.press("home", "down", "down", "down", "down", "enter")  # speculation: off -> on
+        assert editor.pending["spec_on"] is True and editor.get_cell("spec_on", "value") == "off → on"
+        editor.set_value("max_num_seqs", 0)  # what a bad edit elsewhere would leave: refused before any run
         await pilot.click("#restart")
         await pilot.pause()
         [note] = list(app._notifications)
-        assert note.severity == "error" and "max_num_seqs" in note.message and "fix" in note.message
+        assert note.severity == "error" and "max_num_seqs" in note.message and "Fix:" in note.message
         assert app.state.session.run_state == "idle"
+
+
+# ---------------------------------------------------------------- keys: numbers and Esc always navigate
+
+
+async def test_number_keys_switch_tabs_from_the_knob_editor_and_never_edit_a_knob() -> None:
+    app = create_app("quickstart", autostart=False)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.get_screen_main()
+        tabs = screen.query_one(TabbedContent)
+        editor = screen.query_one(KnobEditor)
+        await pilot.press("3")
+        assert tabs.active == "process" and app.focused is editor  # the tab's knobs have focus when it opens
+        for key, tab in (("1", "monitor"), ("3", "process"), ("2", "tuner"), ("3", "process"), ("4", "modes")):
+            await pilot.press(key)
+            await pilot.pause()
+            assert tabs.active == tab
+        assert editor.pending == {**editor.pending, "max_num_seqs": 12, "concurrency": None}
+        assert app.state.profile.knobs == load_profile("quickstart").knobs
+
+
+async def test_from_every_focusable_widget_number_keys_navigate_and_esc_releases_focus() -> None:
+    """The bug this guards: a focused knob Input took `1` as a digit (12 became 1) and kept Esc. The main
+    screen holds no widget that takes those keys, so from whatever has focus they navigate."""
+    app = create_app("quickstart", autostart=False)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = app.get_screen_main()
+        tabs = screen.query_one(TabbedContent)
+        for number, tab in enumerate(TABS, start=1):
+            await pilot.press(str(number))
+            await pilot.pause()
+            assert tabs.active == tab
+            widgets = list(screen.focus_chain)
+            assert widgets, f"nothing to focus on the {tab} tab"
+            for widget in widgets:
+                assert not any(widget.check_consume_key(key, key) for key in "1234"), widget
+                assert not widget.check_consume_key("escape", None), widget
+                widget.focus()
+                await pilot.pause()
+                other = 1 if number != 1 else 2
+                await pilot.press(str(other))
+                await pilot.pause()
+                assert tabs.active == TABS[other - 1], f"{other} did not navigate from {widget}"
+                await pilot.press(str(number))
+                await pilot.pause()
+            widgets[-1].focus()
+            await pilot.press("escape")
+            await pilot.pause()
+            assert app.focused is None and tabs.active == tab  # Esc releases the focus and stays on the tab
+        editor = screen.query_one(KnobEditor)
+        assert editor.pending["max_num_seqs"] == 12 and app.state.profile.knobs == load_profile("quickstart").knobs
+
+
+async def test_in_a_knob_dialog_digits_type_and_esc_closes_it() -> None:
+    app = create_app("quickstart", autostart=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3", "home", "down", "enter")
+        await pilot.pause()
+        assert isinstance(app.screen, KnobDialog)
+        await pilot.press("1", "6")
+        assert app.screen.query_one(Input).value == "16"
+        assert app.get_screen_main().query_one(TabbedContent).active == "process"  # 1 typed, did not navigate
+        await pilot.press("escape")
+        await pilot.pause()
+        assert app.screen is app.get_screen_main()
+        assert app.get_screen_main().query_one(KnobEditor).pending["max_num_seqs"] == 12
 
 
 # ---------------------------------------------------------------- feel: help, palette, modes
@@ -316,10 +427,105 @@ async def test_modes_tab_lists_every_mode_with_the_last_run_of_the_one_in_use() 
         assert "fcfs (vLLM default)" in str(screen.query_one("#mode-current").render())
         table = screen.query_one("#modes-table", DataTable)
         rows = [table.get_row_at(i) for i in range(table.row_count)]
-        assert [row[0] for row in rows] == list(MODES)
-        assert rows[0][2] == "in use · last run"
+        # ▶ the mode in use; * its figures are this console's last run (not a compare's).
+        assert [row[0] for row in rows] == [
+            f"{'▶' if mode == 'fcfs' else ' '} {mode}" + " *" * (mode == "fcfs") for mode in MODES
+        ]
         summary = app.state.last_result.summary
-        assert rows[0][3] == f"{100 * summary.slo_attainment:.1f}" and rows[0][5] == f"{summary.p99_s:.3f}"
+        header = [str(column.label) for column in table.columns.values()]
+        fcfs = dict(zip(header, rows[0], strict=True))
+        assert fcfs["max_seqs"] == "12" and fcfs["speculation"] == "off"
+        assert fcfs["SLO att."] == f"{summary.slo_attainment:.3f}" and fcfs["p99 s"] == f"{summary.p99_s:.2f}"
+        assert fcfs["att. chat"] == f"{summary.per_task['chat'].slo_attainment:.3f}"
+        assert set(rows[1][1:]) == {"—"}  # not run yet: unknown, never 0
+
+
+async def test_modes_table_has_focus_when_its_tab_opens_and_enter_switches_the_mode() -> None:
+    app = create_app("quickstart", requests=REQUESTS, speed=None)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.state.session.run_state == "finished")
+        first = app.state.last_result
+        await pilot.press("4")
+        await pilot.pause()
+        table = app.get_screen_main().query_one("#modes-table", DataTable)
+        assert app.focused is table
+        await pilot.press("down", "down", "down")  # fcfs, saber, slos-serve, adaserve
+        assert table.get_row_at(table.cursor_row)[0] == "  adaserve"
+        await pilot.press("enter")
+        await wait_until(
+            pilot, lambda: app.state.last_result is not first and app.state.session.run_state == "finished"
+        )
+        assert app.state.profile.mode == "adaserve" and app.state.session.scheduling_mode == "adaserve"
+        assert app.state.last_result is not None
+        assert app.state.last_result.outcome.notes["mode"]["mode"] == "adaserve"  # the mode that actually ran
+        await pilot.pause(0.3)
+        row = {str(c.label): v for c, v in zip(table.columns.values(), table.get_row("adaserve"), strict=True)}
+        # AdaServe drafts token trees although the knobs turn speculation off: its row says so.
+        assert row["mode"] == "▶ adaserve *" and row["speculation"] == "token trees (draft)"
+
+
+async def test_compare_fills_the_modes_table_with_the_batch_tables_columns_and_cells() -> None:
+    from core.compare import format_table, run_compare, table_cells, table_header, table_tasks
+
+    def assert_cells_fit(table: DataTable[Any]) -> None:
+        """Every column is as wide as its widest cell: a figure that arrived after its placeholder is not cut
+        (the CV column once showed `0.` while compare ran)."""
+        for index, column in enumerate(table.columns.values()):
+            widest = max(len(str(table.get_row_at(r)[index])) for r in range(table.row_count))
+            assert column.content_width >= widest, column.label
+
+    app = create_app("quickstart", requests=REQUESTS, speed=None, autostart=False)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        table = app.get_screen_main().query_one("#modes-table", DataTable)
+        # A row as compare sends it while it runs, into a table drawn with placeholders.
+        row = {"max_num_seqs": 12, "speculation": "token trees (draft)", "cv_completion_over_slo": 0.356123}
+        app.state.session.apply(make_event("compare_row", mode="adaserve", **row))
+        app.post_message(SessionChanged())
+        await pilot.pause(0.3)
+        assert table.get_row("adaserve")[2] == "token trees (draft)"
+        assert_cells_fit(table)
+        await pilot.press("c")
+        await wait_until(pilot, lambda: app.state.session.compare_state == "finished", timeout_s=120)
+        batch = await run_compare(app.state.profile, requests=REQUESTS)
+        fields = {row.mode: row.fields() for row in batch.rows}
+        tasks = table_tasks(list(fields.values()))
+        assert tasks == ["chat"]
+        header = [str(column.label) for column in table.columns.values()]
+        assert header == table_header(tasks)
+        assert " ".join(header) == " ".join(format_table(batch).splitlines()[0].split())  # what --batch prints
+        for mode, figures in fields.items():
+            # The same cells as the batch table's (`-` there is `—` here: unknown).
+            assert list(table.get_row(mode))[1:] == table_cells(mode, figures, tasks, unknown="—")[1:]
+        assert_cells_fit(table)
+        assert table.get_row("adaserve")[2] == "token trees (draft)"
+
+
+async def test_the_console_builds_its_backends_with_make_backend(monkeypatch: pytest.MonkeyPatch) -> None:
+    import core.backends.factory as factory
+
+    calls: list[tuple[Any, ...]] = []
+    build = factory.make_backend
+
+    def spy(kind: str, profile: Profile, **options: Any) -> Any:
+        calls.append((kind, profile.mode, options))
+        return build(kind, profile, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(factory, "make_backend", spy)
+    app = create_app("quickstart", requests=REQUESTS, speed=None, mode="saber")
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_until(pilot, lambda: app.state.session.run_state == "finished")
+        assert [(kind, mode) for kind, mode, _ in calls] == [("sim", "saber")]
+        assert calls[0][2]["on_server_state"] == app.server_state_from_thread  # a managed vLLM reports here
+        app.modes.switch("fcfs")
+        await wait_until(pilot, lambda: len(calls) == 2 and app.state.session.run_state == "finished")
+        assert calls[1][:2] == ("sim", "fcfs")
+    # A managed vLLM comes from the same builder (only built here, never started).
+    app = create_app("quickstart", "vllm", autostart=False, mode="adaserve")
+    async with app.run_test(size=SIZE):
+        backend = app.runs.backend()
+        assert calls[-1][:2] == ("vllm", "adaserve") and isinstance(backend, GatewayBackend)
+        app.state.backend = None  # nothing started: nothing to stop on quit
 
 
 async def test_switching_mode_on_a_live_server_puts_the_gateway_in_front_and_then_swaps_its_policy() -> None:
@@ -329,9 +535,8 @@ async def test_switching_mode_on_a_live_server_puts_the_gateway_in_front_and_the
             app.runs.start()
             await wait_until(pilot, lambda: app.state.session.run_state == "finished")
             assert not isinstance(app.state.backend, GatewayBackend) and len(fake.bodies) == 6
-            await pilot.press("4")
+            await pilot.press("4")  # the Modes table has focus: Enter on it switches the mode
             await pilot.pause(0.1)
-            app.get_screen_main().query_one("#modes-table", DataTable).focus()
             await pilot.press("enter")  # the cursor is on fcfs: choosing a mode on a live server means the gateway
             await pilot.pause(0.1)
             backend = app.state.backend
