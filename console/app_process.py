@@ -1,94 +1,122 @@
 """The console's process tab: the managed vLLM's state, command line and log tail, and its lifecycle
 actions (start, stop, restart). The tab's buttons are wired in console/app.py (Textual's `@on` handlers
-must be on the app class itself).
+must be on a DOM node).
 
-It is mixed into `SloConsoleApp` (console/app.py) and uses its session, profile, config and backend.
+`ProcessController` is owned by `SloConsoleApp` (console/app.py) and changes only the app's `ConsoleState`
+(console/state.py): the profile's knobs on a restart, and the backend it starts and stops.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING
 
-from textual import work
 from textual.css.query import NoMatches
 
-from console.messages import ServerStateChanged
 from console.widgets.format import knobs_text
 from console.widgets.process import ProcessView
 from core.backend_api import BackendUnavailable
 from core.profile import KnobsSpec, ProfileError
 
+if TYPE_CHECKING:
+    from console.app import SloConsoleApp
 
-class ProcessTabMixin:
-    """The process tab of `SloConsoleApp`."""
 
-    def _show_process_facts(self) -> None:
+class ProcessController:
+    """What the process tab shows and the managed server's start, stop and restart."""
+
+    def __init__(self, app: SloConsoleApp) -> None:
+        self.app = app
+        self.state = app.state
+
+    def _view(self) -> ProcessView:
+        return self.app.get_screen_main().query_one(ProcessView)
+
+    def show_facts(self) -> None:
+        state = self.state
         with contextlib.suppress(RuntimeError, NoMatches):
-            view = self.get_screen_main().query_one(ProcessView)
-            if self.config.backend == "sim":
-                calibration = self.session.backend_facts.get("calibration") or self.profile.engine.calibration
-                view.show_command(
-                    "embedded simulator (no process to manage)\n"
-                    f"calibration: {calibration}\n"
-                    f"knobs: {knobs_text(self.profile.knobs.model_dump(), short=False)}\n"
-                    "A knob edit restarts the simulated run with the new knobs."
-                )
-                view.show_state(self.session.run_state, "embedded simulator")
-            else:
-                self._poll_process()
-
-    def _server_state_from_thread(self, state: Any, detail: str) -> None:
-        # Called on the process watcher's thread: post_message is the thread-safe way into the app.
-        self.post_message(ServerStateChanged(str(state), detail))
-
-    def on_server_state_changed(self, message: ServerStateChanged) -> None:
+            self._view().show_knobs(state.profile.knobs.model_dump())
+        if state.live:
+            self.poll()
+            return
         with contextlib.suppress(RuntimeError, NoMatches):
-            self.get_screen_main().query_one(ProcessView).show_state(message.state, message.detail)
-        if message.state == "crashed":
-            self.notify(
-                f"vLLM exited: {message.detail or 'no detail'}. Fix: read the log tail in the process tab (3), "
+            view = self._view()
+            calibration = state.session.backend_facts.get("calibration") or state.profile.engine.calibration
+            view.show_command(
+                "embedded simulator (no process to manage)\n"
+                f"calibration: {calibration}\n"
+                f"knobs: {knobs_text(state.profile.knobs.model_dump(), short=False)}\n"
+                "A knob edit restarts the simulated run with the new knobs."
+            )
+            view.show_state(state.session.run_state, "embedded simulator")
+
+    def server_state_changed(self, state: str, detail: str) -> None:
+        with contextlib.suppress(RuntimeError, NoMatches):
+            self._view().show_state(state, detail)
+        if state == "crashed":
+            self.app.notify(
+                f"vLLM exited: {detail or 'no detail'}. Fix: read the log tail in the process tab (3), "
                 "adjust the knobs, then Restart.",
                 title="vLLM crashed",
                 severity="error",
                 timeout=15,
             )
-        self._poll_process()
+        self.poll()
 
-    @work(group="process-poll", exclusive=True, exit_on_error=False)
-    async def _poll_process(self) -> None:
-        server = getattr(self.backend, "server", None)
+    def poll(self) -> None:
+        """Re-read the managed server's state, command line and log tail (off the UI loop)."""
+        self.app.run_worker(self._poll, group="process-poll", exclusive=True, exit_on_error=False)
+
+    async def _poll(self) -> None:
+        server = getattr(self.state.backend, "server", None)
         process = getattr(server, "process", None)
         if process is None:
             with contextlib.suppress(RuntimeError, NoMatches):
-                view = self.get_screen_main().query_one(ProcessView)
+                view = self._view()
                 view.show_state("stopped", "not started")
-                view.show_command(f"vLLM will start with: {knobs_text(self.profile.knobs.model_dump(), short=False)}")
+                knobs = knobs_text(self.state.profile.knobs.model_dump(), short=False)
+                view.show_command(f"vLLM will start with: {knobs}")
             return
         lines = await asyncio.to_thread(process.log_tail)
         with contextlib.suppress(RuntimeError, NoMatches):
-            view = self.get_screen_main().query_one(ProcessView)
+            view = self._view()
             view.show_state(str(process.state), process.state_detail)
             view.show_command(" ".join(process.argv) + (f"\nlog: {process.log_path}" if process.log_path else ""))
             view.show_log(lines)
 
-    @work(group="process", exclusive=True, exit_on_error=False, description="vLLM lifecycle")
-    async def _process_action(self, action: str, knobs: KnobsSpec | None = None) -> None:
-        if self.backend is None:
-            self.backend = self._make_backend()
+    def action(self, action: str, knobs: KnobsSpec | None = None) -> None:
+        """A lifecycle button: start, stop or restart (restart and start with the edited knobs)."""
+        if not self.state.live:
+            if action == "restart":
+                self.app.runs.start(knobs)
+            elif action == "stop":
+                self.app.runs.stop()
+            return
+        self.app.run_worker(
+            partial(self._server_action, action, knobs),
+            group="process",
+            exclusive=True,
+            exit_on_error=False,
+            description="vLLM lifecycle",
+        )
+
+    async def _server_action(self, action: str, knobs: KnobsSpec | None) -> None:
+        state, runs = self.state, self.app.runs
+        backend = runs.backend()
         try:
             if action == "stop":
-                await self._stop_run_task()
-                await self.backend.close()
+                await runs.stop_task()
+                await backend.close()
             elif action == "start":
-                await self.backend.start(knobs)  # type: ignore[attr-defined]
+                await backend.start(knobs)  # type: ignore[attr-defined]
             elif action == "restart":
-                await self._stop_run_task()
+                await runs.stop_task()
                 if knobs is not None:
-                    self.profile = self.profile.model_copy(update={"knobs": knobs})
-                    self.session.knobs = knobs.model_dump()
-                await self.backend.restart(knobs)  # type: ignore[attr-defined]
+                    state.profile = state.profile.model_copy(update={"knobs": knobs})
+                    state.session.knobs = knobs.model_dump()
+                await backend.restart(knobs)  # type: ignore[attr-defined]
         except (ProfileError, BackendUnavailable) as exc:
-            self.notify_error(f"vLLM {action} failed", exc)
-        self._poll_process()
+            self.app.notify_error(f"vLLM {action} failed", exc)
+        self.show_facts()

@@ -81,7 +81,7 @@ def run_app(options: OperatorOptions) -> int:
         code = app.run()
     finally:
         # If the app ended without its quit action (an exception, a signal), still stop what it started.
-        if not app._closed and app.backend is not None:
+        if not app.state.closed and app.state.backend is not None:
             with contextlib.suppress(Exception):
-                asyncio.run(app.backend.close())
+                asyncio.run(app.state.backend.close())
     return code if isinstance(code, int) else ExitCode.OK

@@ -22,14 +22,17 @@ SEGMENTS_PER_TUNE_STEP = 8  # the hill-climb's accounting: the current point and
 MODE_LABELS = {"fcfs": "fcfs (vLLM default)", "priority": "priority (vLLM)"}
 # The figures the Modes tab compares, per mode (the fields of a `compare_row` event, or a run's summary).
 MODE_ROW_FIELDS = (
+    "max_num_seqs",
+    "speculation",
     "slo_attainment",
+    "slo_attainment_per_task",
     "goodput_rps",
     "token_goodput_tps",
+    "smooth_goodput",
     "p99_s",
     "cv_completion_over_slo",
     "rejected",
     "deferred",
-    "max_num_seqs",
 )
 
 
@@ -162,6 +165,9 @@ class Session:
     # compare job on identical seeded arrivals; "run": this console's last finished run in that mode).
     mode_rows: dict[str, dict[str, Any]] = field(default_factory=dict)
     compare_state: str = "idle"  # idle, running, finished, failed
+    # How the last run drafted tokens (core/compare.speculation_of), for its row in the Modes tab: the
+    # summary event does not say, and AdaServe drafts where the knobs turn speculation off.
+    speculation: str | None = None
 
     SERIES = (*WINDOW_SERIES, *ENGINE_SERIES)
 
@@ -255,6 +261,10 @@ class Session:
             counts = event.get("failed_by_status") or {}
             fields = {**event, "rejected": counts.get("rejected", 0), "deferred": counts.get("deferred", 0)}
             fields["max_num_seqs"] = self.knobs.get("max_num_seqs")
+            fields["speculation"] = self.speculation
+            fields["slo_attainment_per_task"] = {
+                task: (figures or {}).get("slo_attainment") for task, figures in (event.get("per_task") or {}).items()
+            }
             # The row of the mode that actually ran (the summary says which), not of a later switch.
             self._set_mode_row(str(event.get("scheduling_mode") or self.scheduling_mode), fields, "run")
 

@@ -14,7 +14,7 @@ console's Modes tab renders the same rows.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +22,7 @@ from core.backend_api import BackendUnavailable
 from core.events import EventSink, make_event, null_sink
 from core.jobs import RunOptions, RunResult, run_workload
 from core.metrics import Summary
-from core.profile import Profile, ProfileError, parse_scheduling_mode
+from core.profile import KnobsSpec, Profile, ProfileError, parse_scheduling_mode
 from core.records import Status
 
 BEST_STATIC = "fcfs-best-static"
@@ -34,7 +34,7 @@ class ModeRow:
 
     mode: str
     max_num_seqs: int
-    speculation: str  # how the mode drafts tokens (core/controller_api.Policy.speculation)
+    speculation: str | None  # how the mode drafts tokens (core/controller_api.Policy.speculation)
     summary: Summary
     wall_s: float
     policy: dict[str, Any] = field(default_factory=dict)
@@ -95,9 +95,25 @@ async def run_mode(profile: Profile, mode: str, seed: int, options: RunOptions) 
     if not isinstance(ran, dict) or ran.get("mode") != mode:
         # A simulator without the controller seam would serve every mode as fcfs: refuse to report that.
         raise BackendUnavailable(f"the simulator did not run mode {mode!r} (it reports {ran!r}); update slo-console")
+    return result, {**ran, "speculation": speculation_of(backend, profile.knobs)}
+
+
+def speculation_of(backend: object, knobs: KnobsSpec) -> str | None:
+    """How `backend`'s last run drafted tokens (the table's speculation column): the simulated policy's own
+    account (AdaServe drafts token trees where the knobs turn speculation off); on a managed vLLM started
+    with AdaServe's batch-size schedule, that schedule; on another managed vLLM, the knobs' static chain.
+    None for a server given by URL: it speculates as it was started, which this process does not know."""
     engine = getattr(backend, "last_engine", None)
-    speculation = engine.policy.speculation(profile.knobs) if engine is not None else "?"
-    return result, {**ran, "speculation": speculation}
+    if engine is not None:
+        return engine.policy.speculation(knobs)
+    server = getattr(getattr(backend, "inner", backend), "server", None)
+    if server is None:
+        return None
+    if getattr(server, "speculation_extra", None):
+        return f"by batch size, up to {knobs.effective_spec_width}"
+    from core.controller_api import Policy
+
+    return Policy().speculation(knobs)
 
 
 def _best_key(summary: Summary) -> tuple[float, float, float]:
@@ -162,7 +178,7 @@ async def run_compare(
     sweep: dict[int, float] = {}
     if not interrupted:
         t0 = time.perf_counter()
-        best: tuple[int, RunResult, str] | None = None
+        best: tuple[int, RunResult, str | None] | None = None
         for cap in profile.saber.static_caps:
             capped = with_cap(profile, cap).model_copy(update={"mode": "fcfs"})
             result, ran = await run_mode(capped, "fcfs", seed, options)
@@ -196,54 +212,69 @@ def compare_summary_event(result: CompareResult) -> dict[str, Any]:
     )
 
 
-def _cell(value: Any, digits: int = 3) -> str:
+# The table's columns after the mode's name: (header, field of `ModeRow.fields()`, digits; None: as is). One
+# definition for the batch table below and the console's Modes tab (console/widgets/modes.py); the per-task
+# SLO attainment columns follow `slo_attainment`.
+TABLE_COLUMNS: tuple[tuple[str, str, int | None], ...] = (
+    ("max_seqs", "max_num_seqs", None),
+    ("speculation", "speculation", None),
+    ("SLO att.", "slo_attainment", 3),
+    ("goodput r/s", "goodput_rps", 2),
+    ("tok goodput t/s", "token_goodput_tps", 1),
+    ("smooth gp", "smooth_goodput", 1),
+    ("p99 s", "p99_s", 2),
+    ("CV e2e/SLA", "cv_completion_over_slo", 3),
+    ("rejected", "rejected", None),
+    ("deferred", "deferred", None),
+)
+
+
+def _cell(value: Any, digits: int | None, unknown: str) -> str:
     if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    if isinstance(value, float):
+        return unknown
+    if isinstance(value, float) and digits is not None:
         return f"{value:.{digits}f}"
     return str(value)
 
 
+def table_header(tasks: Sequence[str] = ()) -> list[str]:
+    """The table's column headers, with one SLO attainment column per task in `tasks`."""
+    header = ["mode"]
+    for title, name, _ in TABLE_COLUMNS:
+        header.append(title)
+        if name == "slo_attainment":
+            header.extend(f"att. {task}" for task in tasks)
+    return header
+
+
+def table_cells(mode: str, fields: Mapping[str, Any], tasks: Sequence[str] = (), unknown: str = "-") -> list[str]:
+    """One mode's row under `table_header(tasks)`; a figure not known (yet) reads `unknown`."""
+    cells = [mode]
+    per_task = fields.get("slo_attainment_per_task") or {}
+    for _, name, digits in TABLE_COLUMNS:
+        cells.append(_cell(fields.get(name), digits, unknown))
+        if name == "slo_attainment":
+            cells.extend(_cell(per_task.get(task), 3, unknown) for task in tasks)
+    return cells
+
+
+def table_tasks(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The tasks with their own SLO attainment column: every task any row reports, in first-seen order."""
+    tasks: list[str] = []
+    for fields in rows:
+        tasks.extend(t for t in fields.get("slo_attainment_per_task") or {} if t not in tasks)
+    return tasks
+
+
 def format_table(result: CompareResult) -> str:
     """The compare table as aligned text (one row per mode; per-task SLO attainment in its own columns)."""
-    tasks: list[str] = []
-    for row in result.rows:
-        tasks.extend(t for t in row.summary.per_task if t not in tasks)
-    header = [
-        "mode",
-        "max_seqs",
-        "speculation",
-        "SLO att.",
-        *[f"att. {t}" for t in tasks],
-        "goodput r/s",
-        "tok goodput t/s",
-        "smooth gp",
-        "p99 s",
-        "CV e2e/SLA",
-        "rejected",
-        "deferred",
+    fields = [row.fields() for row in result.rows]
+    tasks = table_tasks(fields)
+    lines = [
+        table_header(tasks),
+        *(table_cells(row.mode, f, tasks) for row, f in zip(result.rows, fields, strict=True)),
     ]
-    lines = [header]
-    for row in result.rows:
-        f = row.fields()
-        per_task = f["slo_attainment_per_task"]
-        lines.append(
-            [
-                row.mode,
-                str(row.max_num_seqs),
-                row.speculation,
-                _cell(f["slo_attainment"]),
-                *[_cell(per_task.get(t)) for t in tasks],
-                _cell(f["goodput_rps"], 2),
-                _cell(f["token_goodput_tps"], 1),
-                _cell(f["smooth_goodput"], 1),
-                _cell(f["p99_s"], 2),
-                _cell(f["cv_completion_over_slo"]),
-                str(f["rejected"]),
-                str(f["deferred"]),
-            ]
-        )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     rendered = []
     for line in lines:
         cells = [cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(line, widths, strict=True))]

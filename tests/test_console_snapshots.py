@@ -102,7 +102,7 @@ async def until_finished(pilot: Pilot[Any]) -> None:
     app = pilot.app
     assert isinstance(app, SloConsoleApp)
     deadline = time.monotonic() + 60
-    while app.session.run_state != "finished":
+    while app.state.session.run_state != "finished":
         assert time.monotonic() < deadline, "the simulated run did not finish"
         await pilot.pause(0.05)
     await pilot.pause(0.3)
@@ -116,10 +116,10 @@ async def with_tuner(pilot: Pilot[Any]) -> None:
     assert isinstance(app, SloConsoleApp)
     await pilot.press("2")
     for event in TUNE_EVENTS:
-        app.session.apply(event, wall_s=0.0)
-    app.session.apply(make_event("tune_segment", segments_used=TUNE_SEGMENTS_USED), wall_s=42.0)
+        app.state.session.apply(event, wall_s=0.0)
+    app.state.session.apply(make_event("tune_segment", segments_used=TUNE_SEGMENTS_USED), wall_s=42.0)
     # Time left rests on wall time; pin it by stating the elapsed time outright.
-    app.session.tune.started_wall_s = 0.0
+    app.state.session.tune.started_wall_s = 0.0
     app.post_message(SessionChanged())
     await pilot.pause(0.3)
 
@@ -164,8 +164,8 @@ async def with_compare(pilot: Pilot[Any]) -> None:
     await pilot.press("4")
     await pilot.press("c")
     deadline = time.monotonic() + 900
-    while app.session.compare_state != "finished":
-        assert app.session.compare_state in ("idle", "running"), app.session.compare_state
+    while app.state.session.compare_state != "finished":
+        assert app.state.session.compare_state in ("idle", "running"), app.state.session.compare_state
         assert time.monotonic() < deadline, "the compare job did not finish"
         await pilot.pause(0.2)
     await pilot.pause(0.5)

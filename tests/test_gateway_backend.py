@@ -67,6 +67,24 @@ def test_make_backend_puts_the_gateway_in_front_when_a_mode_is_asked_for() -> No
     assert isinstance(make_backend("url", profile, url="http://127.0.0.1:9"), UrlBackend)
 
 
+def test_make_backend_builds_a_managed_vllm_with_the_modes_speculation_schedule_and_state_callback() -> None:
+    """The console and the batch runner build a managed vLLM here (nothing starts): AdaServe's batch-size
+    schedule rides along, and so does the callback the console's process tab hears state changes on."""
+    from core.backends.vllm import VllmBackend
+    from core.control.adaserve.live import SCHEDULE_CONFIG_KEY
+
+    base = load_profile("quickstart")
+    knobs = base.knobs.model_copy(update={"spec_on": True, "spec_width": 4})
+    profile = base.model_copy(update={"mode": "adaserve", "knobs": knobs})
+    heard: list[object] = []
+    backend = make_backend("vllm", profile, on_server_state=lambda state, detail: heard.append(state))
+    assert isinstance(backend, GatewayBackend) and isinstance(backend.inner, VllmBackend)
+    schedule = backend.inner.server.speculation_extra[SCHEDULE_CONFIG_KEY]
+    assert schedule and max(width for _, _, width in schedule) <= 4
+    backend.inner.server._on_state("ready", "")  # the callback the process watcher will call
+    assert heard == ["ready"]
+
+
 class WindowObserver:
     """Notes what a live run tells the job's observer: records, and when the measured window starts."""
 

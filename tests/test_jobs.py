@@ -50,6 +50,19 @@ def test_check_slo_says_met_or_violated_and_by_how_much() -> None:
     assert check_slo("p99", 0.5, None).state == "no_slo"
 
 
+def test_check_slo_at_the_limit_meets_it_and_nothing_measured_has_no_margin() -> None:
+    # A p99 equal to the SLO meets it (p99 <= SLO, paper 000 sec. II-B), with nothing to spare.
+    limit = check_slo("p99", 1.2, 1.2)
+    assert limit.state == "met" and limit.margin == 0.0 and limit.short() == "met, at the limit"
+    # The margin is relative to the SLO, on one scale either side: 25% under, 12% over.
+    assert check_slo("p99", 0.9, 1.2).margin == pytest.approx(-0.25)
+    assert check_slo("p99", 1.344, 1.2).margin == pytest.approx(0.12)
+    # No measurement proves an SLO: unmeasured, never met, and no margin to report.
+    for value in (None, float("nan"), float("inf")):
+        check = check_slo("p99", value, 1.2)
+        assert check.state == "unmeasured" and check.margin is None and check.short() == "unknown"
+
+
 def test_verdict_per_task_where_tasks_set_their_own_slos() -> None:
     profile = load_profile("saber-w1")  # four tasks, each with its own e2e SLO
     tasks = {t.name: t for t in profile.workload.tasks}

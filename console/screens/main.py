@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+
+from textual import on
 from textual.app import ComposeResult
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, TabbedContent, TabPane
 
@@ -15,6 +19,8 @@ from console.widgets.tuner import TunerView
 from core.profile import KnobsSpec
 
 TABS = ("monitor", "tuner", "process", "modes")
+# What has focus when a tab opens, so its keys work at once (Enter on the Modes table switches the mode).
+TAB_FOCUS = {"monitor": "#tabs Tabs", "tuner": "#trajectory", "process": "#knob-editor", "modes": "#modes-table"}
 
 
 class MainScreen(Screen[None]):
@@ -35,6 +41,13 @@ class MainScreen(Screen[None]):
             with TabPane("4 Modes", id="modes"):
                 yield ModesView(id="modes-view")
         yield Footer()
+
+    @on(TabbedContent.TabActivated)
+    def _focus_tab(self, event: TabbedContent.TabActivated) -> None:
+        target = TAB_FOCUS.get(event.pane.id or "")
+        if target is not None:
+            with contextlib.suppress(NoMatches):
+                self.query_one(target).focus()
 
     def refresh_from(self, session: Session) -> None:
         """Redraw the status line and the visible tab (hidden tabs redraw when they are shown)."""

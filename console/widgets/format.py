@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from console.session import finite
+from core.metrics.verdict import check_slo
 
 UNKNOWN = "—"
 
@@ -52,3 +53,17 @@ def duration(seconds: float | None) -> str:
         return f"{minutes} min {secs:02d} s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min"
+
+
+def slo_verdict_text(p99_s: float | None, slo_s: float | None) -> tuple[str, str] | None:
+    """A finished run's p99 against its SLO in words, from the one verdict (core/metrics/verdict.py
+    `check_slo`; the margin p99/SLO - 1 is the share of the SLO the p99 is under or over): ("met", "16% under"),
+    ("violated", "12% over") or ("nothing measured", ""); None when the profile sets no latency SLO."""
+    check = check_slo("p99", p99_s, slo_s)
+    if check.state == "no_slo":
+        return None
+    if check.margin is None:  # no request completed in the measured window
+        return "nothing measured", ""
+    share = abs(check.margin) * 100
+    amount = f"{share:.0f}%" if share >= 1 else f"{share:.1f}%"
+    return ("met", f"{amount} under") if check.state == "met" else ("violated", f"{amount} over")

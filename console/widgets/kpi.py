@@ -34,8 +34,9 @@ class KpiTile(Static):
             self.verdict = verdict
 
 
-def slo_verdict(value: float | None, limit: float | None, *, higher_is_better: bool = False) -> Verdict:
-    """Green within the limit, red beyond it, amber within 10% of it; neutral when either is unknown."""
+def slo_colour(value: float | None, limit: float | None, *, higher_is_better: bool = False) -> Verdict:
+    """The tile's colour: green within the limit, red beyond it, amber within 10% of it (2% for a share that
+    must stay above its target); neutral when either is unknown."""
     if value is None or limit is None:
         return "neutral"
     if higher_is_better:

@@ -8,15 +8,15 @@ also shows this console's last finished run in it until a compare replaces it.
 
 from __future__ import annotations
 
-from typing import Any
-
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.coordinate import Coordinate
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from console.session import Session
-from console.widgets.format import UNKNOWN, num
+from console.widgets.format import UNKNOWN
+from core.compare import BEST_STATIC, table_cells, table_header, table_tasks
 from core.modes import MODES
 
 # What each mode does, in a line (the registry holds only factories).
@@ -25,9 +25,8 @@ MODE_NOTES = {
     "saber": "SLA-aware admission, two-tier queue (paper 001)",
     "adaserve": "SLO-customized speculative decoding (paper 002)",
     "slos-serve": "multi-SLO admission and batch planning (paper 004)",
-    "fcfs-best-static": "fcfs at the best static max_num_seqs (swept)",
+    BEST_STATIC: "fcfs at the best static max_num_seqs (swept; not a mode to switch to)",
 }
-BEST_STATIC = "fcfs-best-static"  # the compare job's baseline row (not a mode one can switch to)
 
 
 class ModeChosen(Message):
@@ -39,7 +38,8 @@ class ModeChosen(Message):
 
 
 class ModesView(Vertical):
-    """Current mode on top; the comparison table below, one row per mode."""
+    """Current mode on top; the comparison table below, one row per mode, with the batch table's columns
+    (core/compare.py `table_header`); what each mode does is listed under the table."""
 
     def compose(self) -> ComposeResult:
         yield Static(id="mode-current")
@@ -49,11 +49,9 @@ class ModesView(Vertical):
     def on_mount(self) -> None:
         table = self.query_one("#modes-table", DataTable)
         table.border_title = "scheduling modes · Enter: switch · c: compare all"
-        self._columns = table.add_columns(
-            "mode", "what it does", "status", "attainment %", "goodput req/s", "p99 s", "CV", "rejected", "deferred"
-        )
+        self._columns: list[str] = []
         self._rows: list[str] = []
-        self._shown: dict[str, tuple[Any, ...]] = {}
+        self._shown: dict[str, tuple[str, ...]] = {}
 
     def _row_names(self, session: Session) -> list[str]:
         names = list(MODES)
@@ -62,34 +60,49 @@ class ModesView(Vertical):
             names.append(BEST_STATIC)
         return names
 
-    def _cells(self, name: str, session: Session) -> tuple[Any, ...]:
+    def _cells(self, name: str, session: Session, tasks: list[str]) -> tuple[str, ...]:
         row = session.mode_rows.get(name, {})
-        if name == session.scheduling_mode:
-            status = "in use"
-        elif name == BEST_STATIC:
-            status = f"baseline (max_num_seqs {row.get('max_num_seqs', '?')})"
-        else:
-            status = "available"
+        # The batch table's cells; the mode's cell also marks the mode in use (▶), a row that holds this
+        # console's last run in that mode rather than the compare's (*), and a mode the workload cannot run.
+        label = f"{'▶' if name == session.scheduling_mode else ' '} {name}"
         if "skipped" in row:
-            status = "cannot run this workload"
+            label += " (skipped)"
         elif row.get("source") == "run":
-            status += " · last run"
-        elif row.get("source") == "compare":
-            status += " · compare"
-        return (
-            name,
-            MODE_NOTES.get(name, ""),
-            status,
-            num(row.get("slo_attainment"), 1, scale=100.0),
-            num(row.get("goodput_rps"), 2),
-            num(row.get("p99_s"), 3),
-            num(row.get("cv_completion_over_slo"), 3),
-            UNKNOWN if row.get("rejected") is None else str(row["rejected"]),
-            UNKNOWN if row.get("deferred") is None else str(row["deferred"]),
-        )
+            label += " *"
+        return (label, *table_cells(name, row, tasks, unknown=UNKNOWN)[1:])
 
     def refresh_from(self, session: Session) -> None:
         self.query_one("#mode-current", Static).update(f"Scheduling mode in use: [b]{session.mode}[/b]")
+        self._note(session)
+        table = self.query_one("#modes-table", DataTable)
+        # The batch table's columns (`--job compare`), with the tasks the rows report.
+        tasks = table_tasks(list(session.mode_rows.values()))
+        columns = table_header(tasks)
+        names = self._row_names(session)
+        if columns != self._columns:
+            table.clear(columns=True)
+            table.add_columns(*columns)
+            self._columns, self._rows = columns, []
+        if names != self._rows:
+            table.clear()
+            self._shown = {}
+            for name in names:
+                cells = self._cells(name, session, tasks)
+                table.add_row(*cells, key=name)
+                self._shown[name] = cells
+            self._rows = names
+            return
+        for name in names:
+            cells = self._cells(name, session, tasks)
+            if self._shown.get(name) == cells:
+                continue
+            for index, value in enumerate(cells):
+                # Widen the column when a figure arrives: a column sized for its placeholder would cut
+                # 0.312 to "0." (update_cell keeps the width by default).
+                table.update_cell_at(Coordinate(names.index(name), index), value, update_width=True)
+            self._shown[name] = cells
+
+    def _note(self, session: Session) -> None:
         live = not session.is_simulator
         switch = (
             "Enter on a row switches the mode: the admission gateway in front of the server swaps its policy, "
@@ -103,25 +116,14 @@ class ModesView(Vertical):
             "stopped": "Compare stopped early: rows show the modes finished before the stop.",
             "failed": "The compare job failed; see the notification.",
         }.get(session.compare_state, "Press c to compare every mode on the same seeded arrivals (simulator).")
-        self.query_one("#modes-note", Static).update(f"{switch} {compare}")
-        table = self.query_one("#modes-table", DataTable)
+        lines = [f"{switch} {compare}", "▶ the mode in use · * this console's last run in that mode", ""]
         names = self._row_names(session)
-        if names != self._rows:
-            table.clear()
-            self._shown = {}
-            for name in names:
-                cells = self._cells(name, session)
-                table.add_row(*cells, key=name)
-                self._shown[name] = cells
-            self._rows = names
-            return
+        width = max(len(name) for name in names)
         for name in names:
-            cells = self._cells(name, session)
-            if self._shown.get(name) == cells:
-                continue
-            for column, value in zip(self._columns, cells, strict=True):
-                table.update_cell(name, column, value)
-            self._shown[name] = cells
+            row = session.mode_rows.get(name, {})
+            what = f"skipped: {row['skipped']}" if "skipped" in row else MODE_NOTES.get(name, "")
+            lines.append(f"{name.ljust(width)}  {what}")
+        self.query_one("#modes-note", Static).update("\n".join(lines))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         name = event.row_key.value

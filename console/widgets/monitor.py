@@ -9,8 +9,8 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.widgets import Static
 
 from console.session import Session, finite
-from console.widgets.format import UNKNOWN, num, pct
-from console.widgets.kpi import KpiTile, slo_verdict
+from console.widgets.format import UNKNOWN, num, pct, slo_verdict_text
+from console.widgets.kpi import KpiTile, slo_colour
 from console.widgets.plots import Line, Threshold, TimePlot
 
 # Attainment below this share reads red; the SLOs-Serve capacity definition uses the same 90%.
@@ -75,35 +75,40 @@ class MonitorView(Vertical):
     def _tiles(self, s: Session) -> None:
         h = s.headline()
         p99 = h["p99_s"]
-        self.query_one("#kpi-p99", KpiTile).show(
-            num(p99, 3), f"SLO {num(s.slo_e2e_s, 2)} s", slo_verdict(p99, s.slo_e2e_s)
-        )
+        # Once a run ended the tile says whether its p99 met the SLO and by how much (core/metrics/verdict).
+        verdict = slo_verdict_text(p99, s.slo_e2e_s) if s.summary is not None else None
+        value, note = num(p99, 3), f"SLO {num(s.slo_e2e_s, 2)} s"
+        if verdict is not None:
+            word, amount = verdict
+            value = f"{value} · {word}" if p99 is not None else word
+            note = f"{amount} SLO" if amount else note
+        self.query_one("#kpi-p99", KpiTile).show(value, note, slo_colour(p99, s.slo_e2e_s))
         goodput = h["goodput_rps"]
         throughput = h["throughput_rps"]
         share = None if goodput is None or not throughput else goodput / throughput
         self.query_one("#kpi-goodput", KpiTile).show(
             num(goodput, 2),
             f"of {num(throughput, 1)} done",
-            "neutral" if share is None else slo_verdict(share, ATTAINMENT_TARGET, higher_is_better=True),
+            "neutral" if share is None else slo_colour(share, ATTAINMENT_TARGET, higher_is_better=True),
         )
         self.query_one("#kpi-smooth", KpiTile).show(num(h["smooth_goodput"], 0), "whole run" if s.summary else "10 s")
         attainment = h["slo_attainment"]
         self.query_one("#kpi-attain", KpiTile).show(
             pct(attainment),
             f"target {ATTAINMENT_TARGET:.0%}",
-            slo_verdict(attainment, ATTAINMENT_TARGET, higher_is_better=True),
+            slo_colour(attainment, ATTAINMENT_TARGET, higher_is_better=True),
         )
         ttft = h["ttft_p99_s"]
         self.query_one("#kpi-ttft", KpiTile).show(
             num(ttft, 3),
             f"SLO {num(s.slo_ttft_s, 2)} s" if s.slo_ttft_s is not None else "no TTFT SLO",
-            slo_verdict(ttft, s.slo_ttft_s),
+            slo_colour(ttft, s.slo_ttft_s),
         )
         tpot = h["tpot_p99_s"]
         self.query_one("#kpi-tpot", KpiTile).show(
             num(tpot, 1, scale=1000.0),
             f"SLO {num(s.slo_tpot_s, 3, 1000.0)} ms" if s.slo_tpot_s is not None else "no TPOT SLO",
-            slo_verdict(tpot, s.slo_tpot_s),
+            slo_colour(tpot, s.slo_tpot_s),
         )
         engine = s.engine
         running, waiting = engine.get("running"), engine.get("waiting")

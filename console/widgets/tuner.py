@@ -11,7 +11,7 @@ from textual.widgets import DataTable, Static
 
 from console.session import Session, finite
 from console.widgets.format import UNKNOWN, duration, knobs_text, num
-from console.widgets.kpi import KpiTile, slo_verdict
+from console.widgets.kpi import KpiTile, slo_colour
 from console.widgets.plots import Line, Threshold, TimePlot
 
 COLUMNS = (
@@ -83,12 +83,12 @@ class TunerView(Vertical):
         self.query_one("#tune-baseline", KpiTile).show(
             num(baseline.get("goodput_rps"), 2) if baseline else UNKNOWN,
             f"req/s · p99 {num(baseline.get('p99_s'), 2)} s" if baseline else "",
-            slo_verdict(finite(baseline.get("p99_s")), slo) if baseline else "neutral",
+            slo_colour(finite(baseline.get("p99_s")), slo) if baseline else "neutral",
         )
         self.query_one("#tune-best", KpiTile).show(
             num(best.get("goodput_rps"), 2) if best else UNKNOWN,
             f"req/s · p99 {num(best.get('p99_s'), 2)} s" if best else "",
-            slo_verdict(finite(best.get("p99_s")), slo) if best else "neutral",
+            slo_colour(finite(best.get("p99_s")), slo) if best else "neutral",
         )
         base_goodput = finite(baseline.get("goodput_rps")) if baseline else None
         best_goodput = finite(best.get("goodput_rps")) if best else None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from core.backend_api import Backend, BackendUnavailable
 from core.profile import Profile, SchedulingMode, load_calibration, parse_scheduling_mode
+
+if TYPE_CHECKING:
+    from core.serve.process import StateCallback
 
 BackendKind = Literal["sim", "vllm", "url"]
 
@@ -18,23 +21,31 @@ def make_backend(
     url: str | None = None,
     speed: float | None = None,
     mode: SchedulingMode | None = None,
+    on_server_state: StateCallback | None = None,
 ) -> Backend:
     """The backend serves `profile.mode` (the one channel for the scheduling mode). `mode`, when given, is
     applied to the profile first (`Profile.with_mode`) and also asks for the admission gateway on a live
     backend even for fcfs. On the simulator the mode runs in the simulated controller; on a live backend the
-    admission gateway (core/backends/gateway_backend.py) runs it in front of the server, when the mode is not plain
-    fcfs or when a mode is asked for explicitly."""
+    admission gateway (core/backends/gateway_backend.py) runs it in front of the server, when the mode is not
+    plain fcfs or when a mode is asked for explicitly. `on_server_state`: called (on the process watcher's
+    thread) when a managed vLLM changes state (the console's process tab)."""
     if mode is not None:
         profile = profile.with_mode(parse_scheduling_mode(mode))
     mode_name = profile.mode
     if kind == "sim":
         return _make_sim(profile, seed=seed, speed=speed, mode_name=mode_name)
-    inner = _make_live(kind, profile, url=url, mode_name=mode_name)
+    inner = _make_live(kind, profile, url=url, mode_name=mode_name, on_server_state=on_server_state)
     if mode is not None or mode_name != "fcfs":
-        from core.backends.gateway_backend import GatewayBackend
-
-        return GatewayBackend(inner, profile, mode_name)
+        return gateway_in_front(inner, profile, mode_name)
     return inner
+
+
+def gateway_in_front(inner: Backend, profile: Profile, mode: SchedulingMode) -> Backend:
+    """The admission gateway running `mode` in front of a live backend (a running one keeps running): the
+    one place a gateway backend is built, for `make_backend` and for a console switching modes live."""
+    from core.backends.gateway_backend import GatewayBackend
+
+    return GatewayBackend(inner, profile, mode)
 
 
 def _make_sim(profile: Profile, *, seed: int | None, speed: float | None, mode_name: SchedulingMode) -> Backend:
@@ -54,7 +65,14 @@ def _make_sim(profile: Profile, *, seed: int | None, speed: float | None, mode_n
     )
 
 
-def _make_live(kind: BackendKind, profile: Profile, *, url: str | None, mode_name: SchedulingMode = "fcfs") -> Backend:
+def _make_live(
+    kind: BackendKind,
+    profile: Profile,
+    *,
+    url: str | None,
+    mode_name: SchedulingMode = "fcfs",
+    on_server_state: StateCallback | None = None,
+) -> Backend:
     if kind == "url":
         if not url:
             raise BackendUnavailable("--backend url needs --url http://HOST:PORT of a running server")
@@ -68,9 +86,10 @@ def _make_live(kind: BackendKind, profile: Profile, *, url: str | None, mode_nam
             from core.backends.vllm import VllmBackend
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise BackendUnavailable(f"the vLLM backend cannot load ({exc}); reinstall slo-console") from exc
+        extra: dict[str, object] | None = None
         if mode_name == "adaserve":
             from core.control.adaserve.live import live_speculation_extra
 
-            return VllmBackend.from_profile(profile, speculation_extra=live_speculation_extra(profile))
-        return VllmBackend.from_profile(profile)
+            extra = live_speculation_extra(profile)
+        return VllmBackend.from_profile(profile, speculation_extra=extra, on_state=on_server_state)
     raise BackendUnavailable(f"unknown backend {kind!r}; use sim, vllm or url")
