@@ -172,14 +172,16 @@ def _run_job(args: BatchArgs, profile: Profile, sink: EventWriter) -> int:
         if requests is not None:
             requests.close()
     final = summary_event(result)
+    rows = result.extra.get("trace_rows")
     log.info(
-        "%s: %d requests (%d failed) in %.2f s wall; p99 %.3f s, goodput %.2f req/s",
+        "%s: %d requests (%d failed) in %.2f s wall; p99 %.3f s, goodput %.2f req/s%s",
         profile.name,
         result.summary.requests,
         result.summary.failed,
         result.wall_s,
         result.summary.p99_s,
         result.summary.goodput_rps,
+        "" if rows is None else f"; trace rows {rows['used']} of {rows['total']}",
     )
     if args.out is not None:
         assert requests is not None
