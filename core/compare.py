@@ -140,7 +140,7 @@ async def run_compare(
         t0 = time.perf_counter()
         try:
             result, policy = await run_mode(profile.model_copy(update={"mode": name}), name, seed, options)
-        except ProfileError as exc:  # a mode this workload cannot run (e.g. SABER on a trace without tasks)
+        except ProfileError as exc:  # a mode this workload cannot run
             skipped[name] = str(exc)
             sink(make_event("compare_row", mode=name, skipped=str(exc)))
             continue
