@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from core.capacity import ArrivalScaling, find_capacity, format_table
-from core.compare import BEST_STATIC, run_compare
+from core.compare import BEST_STATIC, compare_summary_event, run_compare
 from core.control.modes import MODES
 from core.control.speed_model import TraceLengths, fit_speed_model, profile_speeds
 from core.profile import Profile, load_calibration, load_profile
@@ -119,6 +119,7 @@ def test_compare_on_a_trace_runs_every_mode_saber_included(tmp_path: Path) -> No
     assert result.skipped == {}
     assert [row.mode for row in result.rows] == [*MODES, BEST_STATIC]
     assert {row.summary.requests for row in result.rows} == {300}
+    assert compare_summary_event(result)["trace_rows"] == {"used": 300, "total": 300}
     saber = result.row("saber")
     assert saber.policy["mode"] == "saber" and saber.policy["admitted_high"] > 0
     assert set(saber.summary.per_task) == {"chat", "code", "long-context"}  # the trace's own task names
