@@ -60,6 +60,8 @@ class LoadPlan:
     # Requests sent before this time (or the first `warmup_requests`) are flagged warmup and discarded.
     warmup_s: float = 0.0
     warmup_requests: int = 0
+    # Rows in the replayed trace file (None: synthetic arrivals); the run reports how many of them it sent.
+    trace_rows: int | None = None
 
 
 class RunObserver(Protocol):

@@ -1,12 +1,15 @@
 """`--job capacity`: each scheduling mode's capacity on the simulator, as paper 004 defines it (sec. 6): the
 highest request rate whose SLO attainment stays at or above 90%.
 
-For one mode: the profile's arrival process is rescaled to a candidate rate (same seed, so the same
-request lengths and the same arrival pattern, only faster or slower), served on the simulator, and the
-rate is bracketed (doubling or halving from the profile's own rate) and then bisected until the bracket is
-within `rel_tol` of its upper end. Attainment is measured as everywhere (core/metrics): a request counts
-as attained only if it completed within every SLO that applies; rejected and deferred requests count
-against it. With several replicas (`Profile.replicas`) the table also gives the capacity per replica.
+For one mode: the profile's arrivals are rescaled to a candidate rate (same seed, so the same request
+lengths and the same arrival pattern, only faster or slower), served on the simulator, and the rate is
+bracketed (doubling or halving from the profile's own rate) and then bisected until the bracket is within
+`rel_tol` of its upper end. Synthetic arrivals get the candidate `rate_rps`; a trace keeps its own arrival
+times and burst shape, its inter-arrival times multiplied by 1/scale (`workload.trace.time_scale`), where
+scale = candidate rate / the trace's own mean rate, so the table reports both the rate and the scale.
+Attainment is measured as everywhere (core/metrics): a request counts as attained only if it completed
+within every SLO that applies; rejected and deferred requests count against it. With several replicas
+(`Profile.replicas`) the table also gives the capacity per replica.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from core.events import EventSink, make_event, null_sink
 from core.jobs import RunOptions, run_workload
@@ -25,8 +29,79 @@ MAX_BRACKET_STEPS = 10  # doublings / halvings before giving up on a bracket
 
 
 @dataclass(frozen=True, slots=True)
+class ArrivalScaling:
+    """How the probes speed up or slow down the profile's arrivals: scale s runs them at s x `base_rate_rps`."""
+
+    profile: Profile
+    source: Literal["arrival", "trace"]
+    base_rate_rps: float  # the profile's own rate: synthetic `rate_rps`, or the trace's mean rate as replayed
+
+    @classmethod
+    def of(cls, profile: Profile, requests: int | None = None) -> ArrivalScaling:
+        """The profile's arrivals at scale 1; `requests` (as --requests) picks the trace rows its rate is over."""
+        workload = profile.workload
+        if workload.trace is not None:
+            return cls(profile, "trace", _trace_rate(profile, requests))
+        arrival = workload.arrival
+        if arrival is None or not hasattr(arrival, "rate_rps"):
+            raise ProfileError(
+                f"{profile.name}: --job capacity rescales open-loop arrivals; set workload.arrival to poisson,"
+                " gamma, constant or onoff, or replay a trace (not closed-loop clients)"
+            )
+        return cls(profile, "arrival", float(arrival.rate_rps))
+
+    def scale(self, rate_rps: float) -> float:
+        return rate_rps / self.base_rate_rps
+
+    def at(self, rate_rps: float) -> Profile:
+        """The profile with its open-loop arrivals running at `rate_rps`."""
+        workload = self.profile.workload
+        if workload.trace is not None:
+            # Every inter-arrival time x 1/scale: the trace's bursts keep their shape, only faster or slower.
+            time_scale = workload.trace.time_scale / self.scale(rate_rps)
+            update: dict[str, Any] = {"trace": workload.trace.model_copy(update={"time_scale": time_scale})}
+        else:
+            assert workload.arrival is not None
+            update = {"arrival": workload.arrival.model_copy(update={"rate_rps": rate_rps})}
+        return self.profile.model_copy(update={"workload": workload.model_copy(update=update)})
+
+    def describe(self) -> str:
+        """What scale 1 is, for the table's title."""
+        return _scale_note(self.profile, self.source, self.base_rate_rps)
+
+
+def _scale_note(profile: Profile, source: str, base_rate_rps: float) -> str:
+    workload = profile.workload
+    if source == "trace" and workload.trace is not None:
+        name = Path(workload.trace.path).name
+        return f"trace {name} at its own {base_rate_rps:.3f} req/s (a trace's inter-arrival times x 1/scale)"
+    kind = workload.arrival.kind if workload.arrival is not None else "arrival"
+    return f"{kind} arrivals at the profile's {base_rate_rps:.3f} req/s"
+
+
+def _trace_rate(profile: Profile, requests: int | None) -> float:
+    """The mean arrival rate of the rows a run replays: 1 / mean inter-arrival time."""
+    from core.workload import build_load_plan
+
+    arrivals = [spec.arrival_s for spec in build_load_plan(profile, requests=requests).requests]
+    span = arrivals[-1] - arrivals[0] if len(arrivals) > 1 else 0.0
+    if span <= 0:
+        raise ProfileError(
+            f"{profile.name}: --job capacity rescales the trace's arrival times, and its replayed rows all arrive"
+            " at the same instant; replay more rows (--requests) or give them distinct timestamps"
+        )
+    return (len(arrivals) - 1) / span
+
+
+def at_rate(profile: Profile, rate_rps: float) -> Profile:
+    """The profile with its open-loop arrivals (synthetic or a trace's) running at `rate_rps`."""
+    return ArrivalScaling.of(profile).at(rate_rps)
+
+
+@dataclass(frozen=True, slots=True)
 class Probe:
     rate_rps: float
+    scale: float
     attainment: float
     goodput_rps: float
     rejected: int
@@ -41,14 +116,24 @@ class CapacityResult:
     capacity_rps: float  # 0.0: even the lowest probed rate missed the target
     probes: list[Probe] = field(default_factory=list)
     bracket: tuple[float, float] = (0.0, 0.0)  # (passes, fails)
+    base_rate_rps: float = 0.0  # the profile's own rate (scale 1)
+    arrival_source: Literal["arrival", "trace"] = "arrival"
 
     @property
     def per_replica_rps(self) -> float:
         return self.capacity_rps / self.replicas
 
+    @property
+    def scale(self) -> float:
+        """Capacity as a multiple of the profile's own rate (a trace: its arrival times x 1/scale)."""
+        return self.capacity_rps / self.base_rate_rps if self.base_rate_rps > 0 else 0.0
+
     def fields(self) -> dict[str, Any]:
         return {
             "capacity_rps": self.capacity_rps,
+            "scale": self.scale,
+            "base_rate_rps": self.base_rate_rps,
+            "arrival_source": self.arrival_source,
             "replicas": self.replicas,
             "capacity_per_replica_rps": self.per_replica_rps,
             "bracket_rps": list(self.bracket),
@@ -59,6 +144,7 @@ class CapacityResult:
 def _probe_dict(p: Probe) -> dict[str, Any]:
     return {
         "rate_rps": p.rate_rps,
+        "scale": p.scale,
         "attainment": p.attainment,
         "goodput_rps": p.goodput_rps,
         "rejected": p.rejected,
@@ -66,23 +152,11 @@ def _probe_dict(p: Probe) -> dict[str, Any]:
     }
 
 
-def at_rate(profile: Profile, rate_rps: float) -> Profile:
-    """The profile with its open-loop arrival process running at `rate_rps`."""
-    arrival = profile.workload.arrival
-    if arrival is None or not hasattr(arrival, "rate_rps"):
-        raise ProfileError(
-            f"{profile.name}: --job capacity rescales a synthetic open-loop arrival rate; set workload.arrival"
-            " to poisson, gamma, constant or onoff (not a trace or closed-loop clients)"
-        )
-    workload = profile.workload.model_copy(update={"arrival": arrival.model_copy(update={"rate_rps": rate_rps})})
-    return profile.model_copy(update={"workload": workload})
-
-
-async def _probe(profile: Profile, mode: str, rate: float, options: RunOptions) -> Probe:
+async def _probe(scaling: ArrivalScaling, mode: str, rate: float, options: RunOptions) -> Probe:
     from core.backends.factory import make_backend
 
     start = time.perf_counter()
-    scaled = at_rate(profile, rate).model_copy(update={"mode": mode})
+    scaled = scaling.at(rate).model_copy(update={"mode": mode})
     backend = make_backend("sim", scaled, seed=options.seed, mode=mode)
     try:
         result = await run_workload(scaled, backend, null_sink, options)
@@ -92,6 +166,7 @@ async def _probe(profile: Profile, mode: str, rate: float, options: RunOptions) 
     attainment = s.slo_attainment if s.slo_attainment == s.slo_attainment else 0.0
     return Probe(
         rate,
+        scaling.scale(rate),
         attainment,
         s.goodput_rps,
         s.failed_by_status.get("rejected", 0),
@@ -111,18 +186,19 @@ async def find_capacity(
     sink: EventSink = null_sink,
 ) -> CapacityResult:
     """Bracket, then bisect, the highest rate with attainment >= target."""
-    arrival = at_rate(profile, 1.0).workload.arrival  # validates the arrival kind
-    assert arrival is not None
+    scaling = ArrivalScaling.of(profile, requests)
     options = RunOptions(seed=profile.seed if seed is None else seed, requests=requests, engine_events=False)
-    result = CapacityResult(mode, profile.replicas, 0.0)
+    result = CapacityResult(
+        mode, profile.replicas, 0.0, base_rate_rps=scaling.base_rate_rps, arrival_source=scaling.source
+    )
 
     async def probe(rate: float) -> bool:
-        p = await _probe(profile, mode, rate, options)
+        p = await _probe(scaling, mode, rate, options)
         result.probes.append(p)
         sink(make_event("capacity_probe", mode=mode, **_probe_dict(p)))
         return p.attainment >= target
 
-    rate = profile.workload.arrival.rate_rps  # type: ignore[union-attr]
+    rate = scaling.base_rate_rps
     low, high = 0.0, 0.0
     if await probe(rate):
         low = rate
@@ -167,8 +243,18 @@ async def run_capacity(
     from core.modes import MODES
 
     names = [parse_scheduling_mode(name, "mode") for name in (MODES if modes is None else modes)]
-    at_rate(profile, 1.0)
-    sink(make_event("start", job="capacity", profile=profile.name, modes=names, replicas=profile.replicas))
+    scaling = ArrivalScaling.of(profile, requests)  # refuses closed loops before any mode runs
+    sink(
+        make_event(
+            "start",
+            job="capacity",
+            profile=profile.name,
+            modes=names,
+            replicas=profile.replicas,
+            arrival_source=scaling.source,
+            base_rate_rps=scaling.base_rate_rps,
+        )
+    )
     results = []
     for name in names:
         try:
@@ -182,13 +268,15 @@ async def run_capacity(
 
 
 def format_table(profile: Profile, results: Sequence[CapacityResult]) -> str:
-    """Aligned text: mode, capacity, capacity per replica, and the ratio to the first mode (the baseline)."""
+    """Aligned text: mode, capacity, capacity per replica, the scale of the profile's own arrivals it is, and
+    the ratio to the first mode (the baseline)."""
     base = results[0].capacity_rps if results else 0.0
     header = [
         "mode",
         "replicas",
         "capacity r/s",
         "per replica r/s",
+        "scale",
         f"x {results[0].mode}" if results else "x",
         "probes",
     ]
@@ -196,9 +284,20 @@ def format_table(profile: Profile, results: Sequence[CapacityResult]) -> str:
     for r in results:
         ratio = f"{r.capacity_rps / base:.2f}" if base > 0 else "-"
         rows.append(
-            [r.mode, str(r.replicas), f"{r.capacity_rps:.3f}", f"{r.per_replica_rps:.3f}", ratio, str(len(r.probes))]
+            [
+                r.mode,
+                str(r.replicas),
+                f"{r.capacity_rps:.3f}",
+                f"{r.per_replica_rps:.3f}",
+                f"{r.scale:.3f}",
+                ratio,
+                str(len(r.probes)),
+            ]
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    lines = [f"capacity at >= {TARGET_ATTAINMENT:.0%} SLO attainment, {profile.name}:"]
+    title = f"capacity at >= {TARGET_ATTAINMENT:.0%} SLO attainment, {profile.name}"
+    if results:
+        title += f"; scale 1 = {_scale_note(profile, results[0].arrival_source, results[0].base_rate_rps)}"
+    lines = [title + ":"]
     lines += ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)) for row in rows]
     return "\n".join(lines)

@@ -73,6 +73,8 @@ class CompareResult:
     interrupted: bool = False
     skipped: dict[str, str] = field(default_factory=dict)  # mode -> why it could not run on this profile
     runs: dict[str, RunResult] = field(default_factory=dict)  # mode -> its whole run (the factsheet's)
+    # A trace workload: {"used": rows each mode was sent, "total": rows in the file} (the same for every mode).
+    trace_rows: dict[str, int] | None = None
 
     def row(self, mode: str) -> ModeRow:
         return next(r for r in self.rows if r.mode == mode)
@@ -149,6 +151,7 @@ async def run_compare(
     rows: list[ModeRow] = []
     runs: dict[str, RunResult] = {}
     skipped: dict[str, str] = {}
+    trace_rows: dict[str, int] | None = None
     interrupted = False
     for name in names:
         if name == BEST_STATIC:
@@ -156,7 +159,8 @@ async def run_compare(
         t0 = time.perf_counter()
         try:
             result, policy = await run_mode(profile.with_mode(name), name, seed, options)
-        except ProfileError as exc:  # a mode this workload cannot run (e.g. SABER on a trace without tasks)
+            trace_rows = result.extra.get("trace_rows", trace_rows)
+        except ProfileError as exc:  # a mode this workload cannot run
             skipped[name] = str(exc)
             sink(make_event("compare_row", mode=name, skipped=str(exc)))
             continue
@@ -193,7 +197,9 @@ async def run_compare(
             policy = {"mode": "fcfs", "static_sweep": {str(k): v for k, v in sweep.items()}}
             rows.append(ModeRow(BEST_STATIC, cap, speculation, result.summary, time.perf_counter() - t0, policy))
             sink(make_event("compare_row", mode=BEST_STATIC, **rows[-1].fields()))
-    return CompareResult(profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped, runs)
+    return CompareResult(
+        profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped, runs, trace_rows
+    )
 
 
 def compare_summary_event(result: CompareResult) -> dict[str, Any]:
@@ -208,6 +214,7 @@ def compare_summary_event(result: CompareResult) -> dict[str, Any]:
         modes={row.mode: row.fields() for row in result.rows},
         static_sweep={str(cap): value for cap, value in result.static_sweep.items()},
         skipped=result.skipped,
+        **({"trace_rows": result.trace_rows} if result.trace_rows is not None else {}),
         compare_wall_s=result.wall_s,
     )
 

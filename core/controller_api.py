@@ -60,9 +60,17 @@ class ControlledRequest:
         return self.spec.request_id
 
     def deadline_s(self) -> float:
-        """End-to-end deadline (arrival + e2e SLO); inf when the request has no e2e SLO."""
-        e2e = self.spec.slo.e2e_s
-        return math.inf if e2e is None else self.arrival_s + e2e
+        """The completion deadline its SLO implies (SABER's SLA, paper 001 sec. IV-C step 1): arrival + e2e
+        SLO, and, when the SLO sets TTFT and TPOT, arrival + TTFT + TPOT x (max tokens - 1), the latest end at
+        which both can still hold (the earlier of the two when all three are set); inf when neither applies
+        (a TPOT-only SLO bounds a speed, not an end)."""
+        slo = self.spec.slo
+        deadline = math.inf
+        if slo.e2e_s is not None:
+            deadline = slo.e2e_s
+        if slo.ttft_s is not None and slo.tpot_s is not None:
+            deadline = min(deadline, slo.ttft_s + slo.tpot_s * max(0, self.spec.output_tokens - 1))
+        return self.arrival_s + deadline
 
 
 @dataclass(frozen=True, slots=True)

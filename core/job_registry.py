@@ -120,12 +120,14 @@ async def _run(ctx: JobContext) -> RunResult:
 def _run_report(result: RunResult, ctx: JobContext) -> JobReport:
     s = result.summary
     verdict = slo_verdict(s.to_dict(), result.profile)
+    rows = result.extra.get("trace_rows")  # a trace: how many of its rows this run replayed
     report = JobReport(
         ExitCode.OK,
         verdict.headline(),
         info=[
             f"{result.profile.name}: {s.requests} requests ({s.failed} failed) in {result.wall_s:.2f} s wall, mode "
             f"{result.scheduling_mode}; p99 {s.p99_s:.3f} s, goodput {s.goodput_rps:.2f} req/s"
+            + ("" if rows is None else f"; trace rows {rows['used']} of {rows['total']}")
         ],
     )
     if result.interrupted:

@@ -41,6 +41,22 @@ def test_required_speed_paper_example() -> None:
     assert policy._required(req, 8.0) == pytest.approx(100.0)
 
 
+def test_the_sla_is_each_request_own_slo_and_ttft_plus_tpot_bound_its_end() -> None:
+    """SABER's deadline (sec. IV-C step 1) comes from the request's own SLO: its e2e objective, or, for a
+    TTFT + TPOT objective, the latest end at which both can hold, TTFT + TPOT x (tokens - 1)."""
+
+    def deadline(slo: RequestSLO, tokens: int = 101) -> float:
+        spec = RequestSpec(request_id=0, prompt_tokens=10, output_tokens=tokens, slo=slo)
+        return ControlledRequest(spec=spec, arrival_s=2.0).deadline_s()
+
+    assert deadline(RequestSLO(e2e_s=8.0)) == 10.0
+    assert deadline(RequestSLO(ttft_s=0.5, tpot_s=0.05)) == pytest.approx(2.0 + 0.5 + 0.05 * 100)
+    assert deadline(RequestSLO(e2e_s=4.0, ttft_s=0.5, tpot_s=0.05)) == 6.0  # the tighter of the two
+    assert deadline(RequestSLO(e2e_s=9.0, ttft_s=0.5, tpot_s=0.05)) == pytest.approx(7.5)
+    assert deadline(RequestSLO(tpot_s=0.05)) == math.inf  # a speed, not an end
+    assert deadline(RequestSLO()) == math.inf
+
+
 def test_infeasible_arrival_goes_to_low_tier() -> None:
     # The paper's example: the engine gives one request 100 tok/s at best; one needing 120 is demoted.
     policy = SaberPolicy(MODEL)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 from typing import Any
@@ -229,3 +230,61 @@ def test_slos_serve_scenarios_are_all_shipped() -> None:
         if path.stem.startswith("slos-serve-"):
             for task in load_profile(path).workload.tasks:
                 assert task.slo is not None and task.slo.ttft_s and task.slo.tpot_s
+
+
+# ---------------------------------------------------------------- whole replay, compressed and undecodable files
+
+
+def csv_trace(path: Path, rows: int) -> Path:
+    path.write_text("timestamp_s,input_tokens,output_tokens\n" + "".join(f"{i * 0.01:.2f},8,4\n" for i in range(rows)))
+    return path
+
+
+def test_a_trace_replays_whole_unless_a_count_is_given(tmp_path: Path) -> None:
+    """The `requests` default (1,000) is for synthetic arrivals; a 1,400-row trace is 1,400 requests unless the
+    profile's workload.requests or --requests (the `requests` argument) says otherwise."""
+    path = csv_trace(tmp_path / "long.csv", 1400)
+    whole = build_load_plan(trace_profile(path, "csv", tmp_path))
+    assert whole.max_requests == 1400 and whole.trace_rows == 1400
+    assert len(list(whole.requests)) == 1400
+    assert len(replay(trace_profile(path, "csv", tmp_path, requests=990))) == 990
+    assert len(replay(trace_profile(path, "csv", tmp_path, requests=990), requests=1200)) == 1200
+
+
+def test_gzipped_traces_load_by_their_first_bytes_not_their_name(tmp_path: Path) -> None:
+    plain = csv_trace(tmp_path / "t.csv", 5)
+    expected = [(s.arrival_s, s.prompt_tokens) for s in replay(trace_profile(plain, "csv", tmp_path))]
+    for name in ("t.csv.gz", "t-renamed.csv"):  # gzip under a plain name loads too
+        packed = tmp_path / name
+        packed.write_bytes(gzip.compress(plain.read_bytes()))
+        assert [(s.arrival_s, s.prompt_tokens) for s in replay(trace_profile(packed, "csv", tmp_path))] == expected
+    rows = [{"timestamp_s": 0.5 * i, "prompt_tokens": 3, "output_tokens": 2} for i in range(3)]
+    jsonl = tmp_path / "t.jsonl.gz"
+    jsonl.write_bytes(gzip.compress("".join(json.dumps(row) + "\n" for row in rows).encode()))
+    assert [s.arrival_s for s in replay(trace_profile(jsonl, "jsonl", tmp_path))] == [0.0, 0.5, 1.0]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "problem"),
+    [
+        (
+            "latin1.csv",
+            "timestamp_s,input_tokens,output_tokens,task\n0,5,5,caf\xe9\n".encode("latin-1"),
+            r"latin1\.csv:2: not UTF-8 text .*iconv",
+        ),
+        ("binary.csv", bytes(range(256)) * 4, r"binary\.csv: a binary file, not a text trace"),
+        (
+            "cut.csv.gz",
+            gzip.compress(b"timestamp_s,input_tokens,output_tokens\n" * 50)[:30],
+            r"cut\.csv\.gz: a gzip file that does not decompress",
+        ),
+        ("t.csv.zst", b"\x28\xb5\x2f\xfd" + b"\x00" * 20, r"t\.csv\.zst: compressed with zstd"),
+    ],
+)
+def test_an_undecodable_trace_is_one_profile_error_naming_file_and_fix(
+    tmp_path: Path, name: str, content: bytes, problem: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ProfileError, match=problem):
+        build_load_plan(trace_profile(path, "csv", tmp_path))

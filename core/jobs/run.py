@@ -134,6 +134,7 @@ def summary_event(result: RunResult) -> dict[str, Any]:
         interrupted=result.interrupted,
         **result.summary.to_dict(),
         **result.extra.get("client", {}),
+        **({"trace_rows": result.extra["trace_rows"]} if "trace_rows" in result.extra else {}),
     )
 
 
@@ -183,6 +184,10 @@ async def run_workload(
     account = client_account(outcome)
     if account:
         extra["client"] = account
+    if plan.trace_rows is not None:
+        # Every row the run sent (warm-up, rejected and deferred included) has a record; the rest were cut by
+        # --requests / workload.requests / the duration, or by Ctrl-C.
+        extra["trace_rows"] = {"used": len(outcome.records), "total": plan.trace_rows}
     if "client_behind" in outcome.notes:
         sink(make_event("warning", source="load_client", message=outcome.notes["client_behind"], **account))
     return RunResult(

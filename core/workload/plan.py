@@ -88,14 +88,17 @@ def _max_requests(profile: Profile, requests: int | None, duration_s: float | No
     """How many requests to send at most.
 
     An explicit count wins (argument, then the profile). A profile that sets only a duration is
-    time-bound, so the `requests` default must not silently cut it short; None means no count limit.
+    time-bound, and a trace is as long as its file, so the `requests` default must not silently cut either
+    short; None means no count limit.
     """
     if requests is not None:
         return requests
     workload = profile.workload
-    if "requests" in workload.model_fields_set or duration_s is None:
+    if "requests" in workload.model_fields_set:
         return workload.requests
-    return None
+    if workload.trace is not None or duration_s is not None:
+        return None
+    return workload.requests
 
 
 def _synthetic_specs(
@@ -215,6 +218,7 @@ def build_load_plan(
             duration_s=window_s,
             warmup_s=workload.warmup_s,
             warmup_requests=workload.warmup_requests,
+            trace_rows=len(trace),
         )
 
     arrival = workload.arrival

@@ -3,7 +3,7 @@
 Columns (CSV header) or keys (JSON), one request per row:
 
   arrival time   `timestamp_s` (seconds) or `emission_time_ms` (milliseconds) or `arrival_s`
-  prompt length  `input_length` or `prompt_tokens`
+  prompt length  `input_length`, `prompt_tokens` or `input_tokens`
   output length  `output_length` or `output_tokens`
   task           `task` (optional; matched against the profile's tasks for SLO and acceptance)
   SLO            `slo_e2e_s`, `slo_ttft_s`, `slo_tpot_s` (optional, seconds), or `slo_ratio`
@@ -17,6 +17,9 @@ Columns (CSV header) or keys (JSON), one request per row:
   (-50 is the 50 ms chatbot TPOT, -150 the 150 ms summarisation TPOT), so slo_tpot_s = -slo_ratio / 1000.
   These rows need no baseline. Zero means neither and is refused.
 
+A file may be gzip-compressed (`.csv.gz`, `.jsonl.gz`; recognised by its first bytes, whatever its name);
+text must be UTF-8. A file that is neither is refused with one line naming it and the fix.
+
 Times are multiplied by `time_scale` and shifted so the earliest request arrives at 0 (traces taken
 from production carry wall-clock offsets that a run should not sit idle through). Rows are replayed in
 time order. Any bad row stops the load with `ProfileError` naming file, line and the fix.
@@ -25,8 +28,10 @@ time order. Any bad row stops the load with `ProfileError` naming file, line and
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
+import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +44,19 @@ from core.records import RequestSLO
 
 TIME_KEYS_S = ("timestamp_s", "arrival_s")
 TIME_KEYS_MS = ("emission_time_ms",)
-PROMPT_KEYS = ("input_length", "prompt_tokens")
+# `input_tokens` beside `output_tokens`: the pair many providers' usage records and exports name.
+PROMPT_KEYS = ("input_length", "prompt_tokens", "input_tokens")
 OUTPUT_KEYS = ("output_length", "output_tokens")
 SLO_KEYS = {"slo_e2e_s": "e2e_s", "slo_ttft_s": "ttft_s", "slo_tpot_s": "tpot_s"}
+GZIP_MAGIC = b"\x1f\x8b"
+# Other compressions a trace may arrive in: refused by name, since reading them as text would only say
+# "binary" (first bytes of each format).
+OTHER_COMPRESSION = (
+    (b"\x28\xb5\x2f\xfd", "zstd"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"PK\x03\x04", "zip"),
+)
 # A JSON document (not JSON Lines) keeps its rows under one of these keys, or is a bare list.
 DOCUMENT_ROW_KEYS = ("entries", "requests", "trace")
 
@@ -107,7 +122,7 @@ class _RowReader:
                         "fix or delete this row"
                     )
                 return int(value)
-        raise ProfileError(f"{where}: no {what}; give '{keys[0]}' or '{keys[1]}' (tokens)")
+        raise ProfileError(f"{where}: no {what}; give {_one_of(keys)} (tokens)")
 
     def _slo(self, raw: Mapping[str, Any], where: str) -> RequestSLO | None:
         objectives: dict[str, float | None] = {"e2e_s": None, "ttft_s": None, "tpot_s": None}
@@ -159,6 +174,11 @@ class _RowReader:
         return number
 
 
+def _one_of(keys: tuple[str, ...]) -> str:
+    quoted = [f"'{key}'" for key in keys]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
 def _is_blank(value: Any) -> bool:
     return value is None or (isinstance(value, str) and value.strip() == "")
 
@@ -185,8 +205,8 @@ def _csv_rows(path: Path, text: str) -> Iterator[tuple[Mapping[str, Any], str]]:
         what
         for what, keys in (
             ("an arrival time ('timestamp_s' or 'emission_time_ms')", TIME_KEYS_S + TIME_KEYS_MS),
-            ("a prompt length ('input_length' or 'prompt_tokens')", PROMPT_KEYS),
-            ("an output length ('output_length' or 'output_tokens')", OUTPUT_KEYS),
+            (f"a prompt length ({_one_of(PROMPT_KEYS)})", PROMPT_KEYS),
+            (f"an output length ({_one_of(OUTPUT_KEYS)})", OUTPUT_KEYS),
         )
         if not any(key in header for key in keys)
     ]
@@ -235,12 +255,47 @@ def _adaserve_rows(path: Path, text: str) -> Iterator[tuple[Mapping[str, Any], s
         yield raw, where
 
 
-def load_trace(spec: TraceSpec, path: Path) -> TraceTable:
-    """Read and validate a whole trace (eagerly, so a bad row fails before the run starts)."""
+def _read_text(path: Path) -> str:
+    """The trace's text: gzip-compressed or plain, UTF-8. Compression is recognised by the file's first bytes,
+    not its name, so `trace.csv` that is really gzip loads and `trace.csv.gz` that was decompressed in place
+    loads too. Anything else that cannot be decoded is one ProfileError naming the file and the fix."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read the trace ({exc.strerror}); check workload.trace.path") from exc
+    if data.startswith(GZIP_MAGIC):
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise ProfileError(
+                f"{path}: a gzip file that does not decompress ({exc}); re-create it with `gzip -k` "
+                "or point workload.trace.path at the uncompressed trace"
+            ) from None
+    else:
+        for magic, name in OTHER_COMPRESSION:
+            if data.startswith(magic):
+                raise ProfileError(
+                    f"{path}: compressed with {name}, which traces do not accept; decompress it, "
+                    "or recompress it with gzip (.csv.gz and .jsonl.gz load as they are)"
+                )
+    if b"\x00" in data:
+        raise ProfileError(
+            f"{path}: a binary file, not a text trace; give a CSV or JSON Lines file (plain or gzip), "
+            "e.g. exported with a header timestamp_s,prompt_tokens,output_tokens"
+        )
+    try:
+        return data.decode("utf-8-sig")  # -sig: a byte-order mark some spreadsheet exports put first
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ProfileError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            "save the trace as UTF-8 (e.g. `iconv -f latin1 -t utf-8`), plain or gzip"
+        ) from None
+
+
+def load_trace(spec: TraceSpec, path: Path) -> TraceTable:
+    """Read and validate a whole trace (eagerly, so a bad row fails before the run starts)."""
+    text = _read_text(path)
     row_source = {"csv": _csv_rows, "jsonl": _json_lines_rows, "adaserve": _adaserve_rows}[spec.format]
     reader = _RowReader(spec, path)
     rows = [reader.read(raw, where) for raw, where in row_source(path, text)]

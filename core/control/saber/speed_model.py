@@ -1,7 +1,8 @@
 """SABER's offline phase (paper 001 sec. IV-B): measure per-request token speed against concurrency, fit f(L).
 
 Step 1 (measurement): closed-loop runs with L clients against an engine whose batch cap exceeds L, over
-several concurrency levels and task mixes. For every finished request: speed = generated tokens / execution
+several concurrency levels and task mixes (for a trace, requests drawn from its own rows: `TraceLengths`).
+For every finished request: speed = generated tokens / execution
 time (send to last token), and its load = the time-averaged number of requests in flight while it executed
 (computed from all requests' intervals, so a request that overlapped the ramp-down at the end of a run is
 credited with the lower load it actually saw).
@@ -18,8 +19,9 @@ core/modes.py passes core/sim/engine.simulate), so this package never imports th
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,9 +29,9 @@ import numpy as np
 from scipy.optimize import curve_fit
 
 from core.backend_api import LoadPlan
-from core.profile import Calibration, ClosedLoopArrival, KnobsSpec, Profile, ProfileError
-from core.records import RequestRecord
-from core.workload import build_load_plan
+from core.profile import Calibration, ClosedLoopArrival, KnobsSpec, Profile, ProfileError, resolve_relative
+from core.records import RequestRecord, RequestSpec
+from core.workload import build_load_plan, load_trace
 
 ModelKind = Literal["usl", "linear", "logistic"]
 MODEL_KINDS: tuple[ModelKind, ...] = ("usl", "linear", "logistic")
@@ -165,32 +167,74 @@ def _mixes(profile: Profile) -> list[Profile]:
     return mixes
 
 
-def profile_speeds(
-    profile: Profile,
-    calibration: Calibration,
-    simulate: Simulate,
-    *,
-    loads: Sequence[int] = DEFAULT_LOADS,
-    points: int = DEFAULT_POINTS,
-    seed: int = 0,
-) -> list[SpeedSample]:
-    """Closed-loop simulator runs with L clients for each L in `loads` and each task mix; about `points`
-    samples in all. The engine's batch cap is set above the largest L (sec. IV-B step 1)."""
-    if not profile.workload.tasks:
-        raise ProfileError(
-            f"{profile.name}: SABER profiles token speed on the workload's task mix, and this workload has none"
-            " (a trace); give workload.tasks to use --mode saber"
-        )
-    mixes = _mixes(profile)
-    per_run = max(8, math.ceil(points / (len(loads) * len(mixes))))
-    knobs = KnobsSpec(
-        max_num_seqs=max(loads) + 1,
-        max_num_batched_tokens=profile.knobs.max_num_batched_tokens,
-        chunked_prefill=profile.knobs.chunked_prefill,
-    )
-    samples: list[SpeedSample] = []
+@dataclass(frozen=True, slots=True)
+class TraceLengths:
+    """A trace's own requests as SABER's offline phase sees them: lengths and task names only.
+
+    The paper profiles on "workload samples" of the traffic to be served (sec. IV-B step 1). For a recorded
+    trace those are its rows: what an operator has before the run is their traffic's history, so profiling
+    draws (prompt, output) pairs from it, keeping each row's pair together (long prompts and long outputs are
+    not independent in real traffic). Arrival times and SLOs are not used: f(L) is the engine's speed at
+    concurrency L on this length mix, nothing about when requests come or what they are owed."""
+
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    tasks: list[str]
+
+    @classmethod
+    def of(cls, profile: Profile) -> TraceLengths:
+        spec = profile.workload.trace
+        assert spec is not None
+        table = load_trace(spec, resolve_relative(profile, spec.path))
+        tasks = [task if task is not None else "default" for task in table.tasks]
+        return cls(table.prompt_tokens, table.output_tokens, tasks)
+
+    def mixes(self) -> list[np.ndarray]:
+        """Row weights of each profiled mix: the trace as recorded and, when its rows name several tasks in
+        unequal numbers, the balanced mix of the same tasks (each task equally likely), as `_mixes` does for
+        a task mix (the paper profiles several workload compositions, sec. IV-B step 2)."""
+        n = len(self.tasks)
+        mixes = [np.full(n, 1.0 / n)]
+        names, index, counts = np.unique(np.array(self.tasks), return_inverse=True, return_counts=True)
+        if len(names) > 1 and len(set(counts.tolist())) > 1:
+            weights = 1.0 / counts[index]
+            mixes.append(weights / weights.sum())
+        return mixes
+
+    def plan(self, weights: np.ndarray, clients: int, count: int, rng: np.random.Generator) -> LoadPlan:
+        """A closed loop of `clients` clients sending `count` rows drawn (with replacement) by `weights`."""
+        rows = rng.choice(len(self.tasks), size=count, p=weights).tolist()
+        prompts, outputs = self.prompt_tokens.tolist(), self.output_tokens.tolist()
+        specs = [
+            RequestSpec(request_id=i, prompt_tokens=prompts[r], output_tokens=outputs[r], task=self.tasks[r])
+            for i, r in enumerate(rows)
+        ]
+        return LoadPlan(requests=iter(specs), mode="closed", concurrency=clients, max_requests=count)
+
+    def digest(self) -> str:
+        """Identifies the length mix (the offline phase's cache key): the same rows give the same f(L)."""
+        h = hashlib.sha256(self.prompt_tokens.tobytes())
+        h.update(self.output_tokens.tobytes())
+        h.update("\0".join(self.tasks).encode())
+        return h.hexdigest()
+
+
+def _profiling_plans(
+    profile: Profile, loads: Sequence[int], points: int, seed: int, trace: TraceLengths | None
+) -> Iterator[tuple[int, int, LoadPlan]]:
+    """(L, run seed, closed-loop plan) for each profiled mix and concurrency L: the profile's task mixes, or
+    the trace's own rows when it replays one; `load + per_run` requests a run, the first L dropped later."""
+    mix_count = len(trace.mixes()) if trace is not None else len(_mixes(profile))
+    per_run = max(8, math.ceil(points / (len(loads) * mix_count)))
     run = 0
-    for mix in mixes:
+    if trace is not None:
+        for weights in trace.mixes():
+            for load in loads:
+                rng = np.random.default_rng(seed + run)
+                yield load, seed + run, trace.plan(weights, load, load + per_run, rng)
+                run += 1
+        return
+    for mix in _mixes(profile):
         for load in loads:
             workload = mix.workload.model_copy(
                 update={
@@ -201,9 +245,39 @@ def profile_speeds(
                     "warmup_s": 0.0,
                 }
             )
-            plan = build_load_plan(mix.model_copy(update={"workload": workload}), seed=seed + run)
-            samples.extend(speed_samples(simulate(calibration, knobs, plan, seed + run), skip_first=load))
+            yield load, seed + run, build_load_plan(mix.model_copy(update={"workload": workload}), seed=seed + run)
             run += 1
+
+
+def profile_speeds(
+    profile: Profile,
+    calibration: Calibration,
+    simulate: Simulate,
+    *,
+    loads: Sequence[int] = DEFAULT_LOADS,
+    points: int = DEFAULT_POINTS,
+    seed: int = 0,
+    trace: TraceLengths | None = None,
+) -> list[SpeedSample]:
+    """Closed-loop simulator runs with L clients for each L in `loads` and each mix; about `points` samples
+    in all. The engine's batch cap is set above the largest L (sec. IV-B step 1). The requests come from the
+    workload itself: the profile's tasks, or for a trace its own rows (`TraceLengths`, read from the profile
+    when not given)."""
+    if trace is None and profile.workload.trace is not None:
+        trace = TraceLengths.of(profile)
+    knobs = KnobsSpec(
+        max_num_seqs=max(loads) + 1,
+        max_num_batched_tokens=profile.knobs.max_num_batched_tokens,
+        chunked_prefill=profile.knobs.chunked_prefill,
+    )
+    samples: list[SpeedSample] = []
+    for load, run_seed, plan in _profiling_plans(profile, loads, points, seed, trace):
+        samples.extend(speed_samples(simulate(calibration, knobs, plan, run_seed), skip_first=load))
+    if len(samples) < 4:
+        raise ProfileError(
+            f"{profile.name}: SABER's offline phase measured {len(samples)} requests on this workload, too few to"
+            " fit f(L); check that its requests fit the engine's max_model_len"
+        )
     return samples
 
 
@@ -229,11 +303,13 @@ def offline_phase(
     loads: Sequence[int] = DEFAULT_LOADS,
     seed: int = 0,
 ) -> SpeedProfile:
-    """Profile and fit once per (calibration, task mix, batching knobs, loads, seed); later calls reuse it
-    (`--job compare` builds a SABER policy per run; the engine it profiles does not change between them)."""
+    """Profile and fit once per (calibration, task mix or trace lengths, batching knobs, loads, seed); later calls
+    reuse it (`--job compare` builds a SABER policy per run, `--job capacity` one per probe of a rescaled trace;
+    neither changes the engine or the lengths it profiles)."""
+    trace = TraceLengths.of(profile) if profile.workload.trace is not None else None
     key = (
         calibration.model_dump_json(),
-        profile.workload.model_dump_json(include={"tasks"}),
+        trace.digest() if trace is not None else profile.workload.model_dump_json(include={"tasks"}),
         str(profile.knobs.max_num_batched_tokens),
         str(profile.knobs.chunked_prefill),
         repr(tuple(loads)),
@@ -241,7 +317,7 @@ def offline_phase(
     )
     cached = _CACHE.get(key)
     if cached is None:
-        samples = profile_speeds(profile, calibration, simulate, loads=loads, seed=seed)
+        samples = profile_speeds(profile, calibration, simulate, loads=loads, seed=seed, trace=trace)
         cached = SpeedProfile(samples=samples, models=fit_all(samples))
         _CACHE[key] = cached
     return cached
