@@ -208,3 +208,26 @@ def test_a_job_on_a_backend_it_cannot_use_is_a_usage_error() -> None:
         JOBS["compare"].check(OperatorOptions(job="compare", backend="vllm"))
     with pytest.raises(UsageError, match="measures a live server"):
         JOBS["calibrate"].check(OperatorOptions(job="calibrate"))
+
+
+def test_a_traces_verdict_judges_each_request_against_its_own_slo() -> None:
+    """A trace's rows carry their own SLOs, so the p99 against the profile's default SLO says nothing (it
+    read 'violated by 58%' at 91% attainment): the verdict checks the share of requests over their own SLO
+    against the 1% the p99 constraint allows, overall and per task."""
+    profile = load_profile("operator-trace")
+    summary = {
+        "requests": 1000,
+        "completed": 1000,
+        "p99_s": 31.6,  # far over the profile's default 20 s: must not decide
+        "slo_attainment": 0.995,
+        "per_task": {
+            "chat": {"requests": 600, "completed": 600, "slo_attainment": 1.0, "p99_s": 40.0},
+            "code": {"requests": 400, "completed": 400, "slo_attainment": 0.98, "p99_s": 3.0},
+        },
+    }
+    verdict = slo_verdict(summary, profile)
+    assert verdict.state == "violated"
+    assert verdict.worst is not None and verdict.worst[0] == "code"
+    assert "2.0% missed (p99 allows 1%)" in verdict.headline()
+    summary["per_task"]["code"]["slo_attainment"] = 0.995
+    assert slo_verdict(summary, profile).state == "met"
