@@ -25,12 +25,17 @@ recorded speed did not (line 10's second check: "by running"), the share of each
 the pin: the time-weighted highest speed recorded among running requests over f(1), and the share of the
 time each task held it ("pin/f(1), held by", tasks in the demoted column's order).
 
-    python benchmarks/saber_vs_static.py [--workloads saber-w1,saber-w2,saber-w3] [--rates 1,2,...]
-        [--requests 100] [--seeds 3] [--set key=value ...]   (--set: a saber: setting, e.g. track_progress=true)
-        [--per-seq-s S] [--base-s B] [--derive-slas] [--fit-engine] [--length-sigma S]
-    (sensitivity: a hypothetical engine with S s per running sequence per step and a fixed step time B; SLAs
-    set as the paper sets them; --fit-engine: pick S and B on a fixed grid by the paper's static anchors
-    alone, see ANCHORS)
+Two engines (`--regime`). `shipped` (default): the profiles' calibration (qwen2.5-coder-1.5b-l4), or with the
+sensitivity options a hypothetical engine of fixed step time B and S s per running sequence per step, every
+task's length spread set, SLAs set as the paper sets them. `paper`: the shipped engine's static baseline
+contradicts the paper's own static-baseline figures, so first an engine is fitted to those figures alone
+(benchmarks/saber_paper_regime.py: anchors, grid, loss; static runs only, its loss and parameters printed),
+then, with that engine frozen, the same comparison, the paper's static figures the fit left out beside the
+fitted engine's, and SABER's admission window (unstated in the paper) as a sensitivity.
+
+    python benchmarks/saber_vs_static.py [--regime shipped|paper] [--workloads saber-w1,saber-w2,saber-w3]
+        [--rates 1,2,...] [--requests 100] [--seeds 3] [--set key=value ...]   (--set: a saber: setting)
+        [--per-seq-s S] [--base-s B] [--derive-slas] [--length-sigma S]   (shipped only)
 """
 
 from __future__ import annotations
