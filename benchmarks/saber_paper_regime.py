@@ -103,7 +103,8 @@ class PaperEngine:
         return f"--base-s {self.base_s:g} --per-seq-s {self.per_seq_s:g} --length-sigma {self.length_sigma:g}"
 
 
-# The grid, fixed before any SABER run: fixed step time (f(1) about 1 / base), per-sequence cost, spread.
+# The grid, fixed before any SABER run (set from static runs only): fixed step time (f(1) about 1 / base),
+# per-sequence cost, length spread.
 FIT_GRID: tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]] = (
     (0.006, 0.008, 0.010, 0.012, 0.014),
     (0.0001, 0.0002, 0.00035, 0.0005),
@@ -122,7 +123,7 @@ def grid(axes: Sequence[Sequence[float]] = FIT_GRID) -> list[PaperEngine]:
 
 @dataclass
 class Fit:
-    """The fitted engine, its loss, and every candidate's loss and simulated anchors."""
+    """The fitted engine, its loss, its simulated anchors and best caps, and every candidate's loss."""
 
     engine: PaperEngine
     loss: float

@@ -15,10 +15,8 @@ from saber_paper_regime import (
     FIT_LOSS_BOUND,
     Anchor,
     PaperEngine,
-    anchor_values,
     fit,
     loss,
-    static_at_anchors,
 )
 
 # The engine the full fit chose (docs/saber.md) and the shipped calibration's own (15.7 ms fixed step, no
@@ -44,8 +42,7 @@ async def test_fit_picks_the_engine_nearest_the_anchors_and_reproduces_them() ->
     losses = {engine: value for value, engine in result.tried}
     assert result.engine == FITTED
     assert result.loss == losses[FITTED] < FIT_LOSS_BOUND < losses[SHIPPED]
+    # The reported loss is the one its simulated anchors give, every anchor simulated.
     assert set(result.simulated) == set(ANCHORS)
-    # The reported loss is what the anchors give when the fitted engine is simulated again.
-    again = anchor_values(await static_at_anchors(FITTED, requests=100, seeds=1))
-    assert again == result.simulated
-    assert loss(again) == pytest.approx(result.loss)
+    assert loss(result.simulated) == pytest.approx(result.loss)
+    assert all(result.caps[(a.workload, a.rate)] in range(10, 101, 10) for a in ANCHORS)
