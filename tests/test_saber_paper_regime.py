@@ -39,7 +39,7 @@ def test_anchor_error_is_a_squared_log_ratio_one_sided_for_bounds() -> None:
 
 async def test_fit_picks_the_engine_nearest_the_anchors_and_reproduces_them() -> None:
     result = await fit([SHIPPED, FITTED], requests=100, seeds=1, verbose=False)
-    losses = {engine: value for value, engine in result.tried}
+    losses = {engine: loss(values) for engine, values in result.tried.items()}
     assert result.engine == FITTED
     assert result.loss == losses[FITTED] < FIT_LOSS_BOUND < losses[SHIPPED]
     # The reported loss is the one its simulated anchors give, every anchor simulated.
