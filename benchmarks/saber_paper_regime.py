@@ -135,10 +135,13 @@ class Fit:
     tried: dict[PaperEngine, dict[Anchor, float]] = field(default_factory=dict)
 
 
-async def static_at_anchors(engine: PaperEngine, requests: int, seeds: int) -> dict[tuple[str, float], StaticBest]:
-    """The best static cap at every (workload, rate) an anchor names, on `engine`."""
+async def static_at_anchors(
+    engine: PaperEngine | None, requests: int, seeds: int
+) -> dict[tuple[str, float], StaticBest]:
+    """The best static cap at every (workload, rate) an anchor names, on `engine` (None: the profiles as shipped)."""
     points = sorted({(a.workload, a.rate) for a in ANCHORS})
-    profiles = {name: engine.apply(load_profile(name)) for name in {w for w, _ in points}}
+    shipped = {name: load_profile(name) for name in {w for w, _ in points}}
+    profiles = shipped if engine is None else {name: engine.apply(p) for name, p in shipped.items()}
     return {(w, rate): await best_static(profiles[w], rate, requests, seeds) for w, rate in points}
 
 
@@ -185,7 +188,8 @@ async def fit(
     return best
 
 
-def print_fit(result: Fit, requests: int, seeds: int) -> None:
+def print_fit(result: Fit, requests: int, seeds: int, shipped: dict[Anchor, float]) -> None:
+    """The fit, each anchor beside the shipped engine's value (`shipped`: the profiles' own calibration)."""
     print(
         f"fitted engine: {result.engine.describe()} ({result.engine.cli()}); loss {result.loss:.4f} "
         f"(RMS log error {math.sqrt(result.loss):.3f}) over {len(ANCHORS)} anchors, "
@@ -193,12 +197,16 @@ def print_fit(result: Fit, requests: int, seeds: int) -> None:
         + ("within" if result.loss <= FIT_LOSS_BOUND else "NOT within")
         + f" the bound {FIT_LOSS_BOUND} for the paper's regime"
     )
-    print(f"  {'workload':9} {'RPS':>4} {'metric':10} {'paper':>10} {'fitted':>7} {'cap':>4} {'error':>7}  source")
+    print(f"  the shipped engine's loss: {loss(shipped):.4f}")
+    print(
+        f"  {'workload':9} {'RPS':>4} {'metric':10} {'paper':>10} {'shipped':>7} {'fitted':>7} {'cap':>4} {'error':>7}"
+        "  source"
+    )
     for anchor, value in result.simulated.items():
         cap = result.caps[(anchor.workload, anchor.rate)]
         print(
             f"  {anchor.workload:9} {anchor.rate:4g} {anchor.metric:10} {anchor.bound:>2} {anchor.value:7.2f} "
-            f"{value:7.3f} {cap:4d} {anchor.error(value):7.4f}  {anchor.source}"
+            f"{shipped[anchor]:7.3f} {value:7.3f} {cap:4d} {anchor.error(value):7.4f}  {anchor.source}"
         )
     for name, anchors in LEAVE_OUTS.items():
         winner = min(result.tried, key=lambda engine: loss(result.tried[engine], anchors))

@@ -54,7 +54,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from saber_paper_regime import FIT_REQUESTS, FIT_SEEDS, HELD_OUT_CAPS, HELD_OUT_CV, PaperEngine, fit, print_fit
+from saber_paper_regime import (
+    FIT_REQUESTS,
+    FIT_SEEDS,
+    HELD_OUT_CAPS,
+    HELD_OUT_CV,
+    PaperEngine,
+    anchor_values,
+    fit,
+    print_fit,
+    static_at_anchors,
+)
 from saber_static_baseline import (
     StaticBest,
     at_rate,
@@ -282,7 +292,8 @@ async def paper_regime(workloads: list[str], rates: list[float], requests: int, 
         "step 1: fit an engine to the paper's static-baseline figures (benchmarks/saber_paper_regime.py); no SABER run"
     )
     result = await fit(requests=FIT_REQUESTS, seeds=FIT_SEEDS)
-    print_fit(result, FIT_REQUESTS, FIT_SEEDS)
+    shipped = anchor_values(await static_at_anchors(None, FIT_REQUESTS, FIT_SEEDS))
+    print_fit(result, FIT_REQUESTS, FIT_SEEDS, shipped)
     engine: PaperEngine = result.engine
     print(f"\nstep 2: SABER vs the best static cap on the frozen engine ({engine.cli()}); saber settings {saber}")
     bases = {name: engine.apply(load_profile(name)) for name in workloads}
