@@ -25,12 +25,17 @@ recorded speed did not (line 10's second check: "by running"), the share of each
 the pin: the time-weighted highest speed recorded among running requests over f(1), and the share of the
 time each task held it ("pin/f(1), held by", tasks in the demoted column's order).
 
-    python benchmarks/saber_vs_static.py [--workloads saber-w1,saber-w2,saber-w3] [--rates 1,2,...]
-        [--requests 100] [--seeds 3] [--set key=value ...]   (--set: a saber: setting, e.g. track_progress=true)
-        [--per-seq-s S] [--base-s B] [--derive-slas] [--fit-engine] [--length-sigma S]
-    (sensitivity: a hypothetical engine with S s per running sequence per step and a fixed step time B; SLAs
-    set as the paper sets them; --fit-engine: pick S and B on a fixed grid by the paper's static anchors
-    alone, see ANCHORS)
+Two engines (`--regime`). `shipped` (default): the profiles' calibration (qwen2.5-coder-1.5b-l4), or with the
+sensitivity options a hypothetical engine of fixed step time B and S s per running sequence per step, every
+task's length spread set, SLAs set as the paper sets them. `paper`: the shipped engine's static baseline
+contradicts the paper's own static-baseline figures, so first an engine is fitted to those figures alone
+(benchmarks/saber_paper_regime.py: anchors, grid, loss; static runs only, its loss and parameters printed),
+then, with that engine frozen, the same comparison, the paper's static figures the fit left out beside the
+fitted engine's, and SABER's admission window (unstated in the paper) as a sensitivity.
+
+    python benchmarks/saber_vs_static.py [--regime shipped|paper] [--workloads saber-w1,saber-w2,saber-w3]
+        [--rates 1,2,...] [--requests 100] [--seeds 3] [--set key=value ...]   (--set: a saber: setting)
+        [--per-seq-s S] [--base-s B] [--derive-slas] [--length-sigma S]   (shipped only)
 """
 
 from __future__ import annotations
@@ -49,6 +54,29 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from saber_paper_regime import (
+    FIT_REQUESTS,
+    FIT_SEEDS,
+    HELD_OUT_CAPS,
+    HELD_OUT_CV,
+    PaperEngine,
+    anchor_values,
+    fit,
+    print_fit,
+    static_at_anchors,
+)
+from saber_static_baseline import (
+    StaticBest,
+    at_rate,
+    best_static,
+    cv,
+    mean,
+    measure,
+    ratios,
+    with_engine,
+    with_length_sigma,
+)
+
 from core.compare import run_mode, with_cap
 from core.control.saber.speed_model import offline_phase
 from core.jobs import RunOptions, RunResult
@@ -60,27 +88,6 @@ RATES = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0)
 HEAVY_RPS = 20.0
 REQUESTS = 100
 SEEDS = 3
-
-
-def at_rate(profile: Profile, rate: float, requests: int, saber: dict[str, Any]) -> Profile:
-    workload = profile.workload.model_copy(
-        update={"arrival": PoissonArrival(rate_rps=rate), "requests": requests, "warmup_requests": 0}
-    )
-    return profile.model_copy(update={"workload": workload, "saber": profile.saber.model_copy(update=saber)})
-
-
-def ratios(result: RunResult) -> np.ndarray:
-    """e2e / SLA of every completed measured request (the quantity behind SABER's CV, eq. 1)."""
-    values = [
-        r.e2e_s / r.slo.e2e_s
-        for r in result.records
-        if r.ok and not r.warmup and r.e2e_s is not None and r.slo.e2e_s is not None
-    ]
-    return np.array(values, dtype=float)
-
-
-def cv(values: np.ndarray) -> float:
-    return float(np.std(values) / np.mean(values)) if len(values) > 1 else float("nan")
 
 
 def decoding_concurrency(result: RunResult) -> float:
@@ -97,18 +104,6 @@ def decoding_concurrency(result: RunResult) -> float:
         if r.ok and first is not None and r.end_s is not None:
             busy += max(0.0, min(r.end_s, stop) - max(first, start))
     return busy / (stop - start)
-
-
-async def measure(
-    profile: Profile, mode: str, seeds: int, described: list[dict[str, Any]] | None = None
-) -> list[RunResult]:
-    results = []
-    for seed in range(seeds):
-        result, ran = await run_mode(profile.model_copy(update={"mode": mode}), mode, seed, RunOptions(seed=seed))
-        results.append(result)
-        if described is not None:
-            described.append(ran)
-    return results
 
 
 def pinning(result: RunResult, fastest_tps: float) -> tuple[float, dict[str, float]]:
@@ -144,43 +139,6 @@ def demoted_share(results: list[RunResult], tasks: list[str]) -> str:
     return "/".join(shares)
 
 
-def mean(results: list[RunResult], field: str) -> float:
-    return statistics.fmean(getattr(r.summary, field) for r in results)
-
-
-def with_engine(profile: Profile, per_seq_s: float = 0.0, base_s: float | None = None) -> Profile:
-    """The profile on a hypothetical engine: its calibration with `per_seq_s` seconds per sequence per step
-    added to the memory-bound term (host work per request that grows with the batch, so per-request speed
-    falls faster with concurrency) and, if given, that term's fixed step time set to `base_s` (so f(1) is
-    about 1 / base_s). A sensitivity check, not a measured machine."""
-    calibration = load_calibration(profile)
-    first = calibration.terms[0]
-    update: dict[str, float] = {"per_seq_s": first.per_seq_s + per_seq_s}
-    if base_s is not None:
-        update["base_s"] = base_s
-    terms = [first.model_copy(update=update), *calibration.terms[1:]]
-    name = f"{calibration.name}+seq{per_seq_s:g}" + (f"+base{base_s:g}" if base_s is not None else "")
-    changed = calibration.model_copy(update={"name": name, "terms": terms})
-    return profile.model_copy(update={"engine": profile.engine.model_copy(update={"calibration": changed})})
-
-
-def with_length_sigma(profile: Profile, sigma: float) -> Profile:
-    """Every task's prompt and output lengths with lognormal spread `sigma` (the profiles' 0.5 is our
-    assumption: the paper gives only means). A sensitivity check of the paper's statement that below 4 RPS
-    both methods meet nearly every SLA (sec. VI-C), which the shipped spread does not allow: a request whose
-    length needs more than f(1) misses on an idle engine."""
-    tasks = [
-        t.model_copy(
-            update={
-                "prompt_tokens": t.prompt_tokens.model_copy(update={"sigma": sigma}),
-                "output_tokens": t.output_tokens.model_copy(update={"sigma": sigma}),
-            }
-        )
-        for t in profile.workload.tasks
-    ]
-    return profile.model_copy(update={"workload": profile.workload.model_copy(update={"tasks": tasks})})
-
-
 async def with_derived_slas(profile: Profile) -> Profile:
     """Each task's SLA set as the paper sets it (sec. III-B): the mean completion time of that task when 100
     requests of the balanced mix arrive at 10 RPS (Poisson), here with fcfs at max_num_seqs 100."""
@@ -197,27 +155,7 @@ async def with_derived_slas(profile: Profile) -> Profile:
     return profile.model_copy(update={"workload": profile.workload.model_copy(update={"tasks": derived})})
 
 
-async def sweep_workload(
-    name: str,
-    rates: list[float],
-    requests: int,
-    seeds: int,
-    saber: dict[str, Any],
-    per_seq_s: float = 0.0,
-    derive_slas: bool = False,
-    base_s: float | None = None,
-    length_sigma: float | None = None,
-) -> None:
-    base = load_profile(name)
-    if length_sigma is not None:
-        base = with_length_sigma(base, length_sigma)
-    if per_seq_s or base_s is not None:
-        base = with_engine(base, per_seq_s, base_s)
-    if derive_slas:
-        base = await with_derived_slas(base)
-        print(
-            f"\n{name}: SLAs derived at 10 RPS: " + ", ".join(f"{t.name} {t.slo.e2e_s} s" for t in base.workload.tasks)
-        )
+def print_offline_phase(name: str, base: Profile) -> None:
     speeds = offline_phase(base, load_calibration(base), simulate, loads=base.saber.profile_loads, seed=0)
     fits = ", ".join(f"{kind} R² {model.r2:.3f}" for kind, model in speeds.models.items())
     usl = speeds.models["usl"]
@@ -229,9 +167,23 @@ async def sweep_workload(
     peak = math.sqrt((1.0 - sigma) / kappa) if kappa > 0 and sigma < 1 else math.inf
     where = f"L* = {peak:.0f}" if peak <= 10 * max(base.saber.static_caps) else "no peak below 10x the largest cap"
     print(f"  aggregate throughput L f(L): {where}; 100 f(100) = {100 * usl(100):.0f} tok/s")
-    pooled_saber: list[np.ndarray] = []
-    pooled_static: list[np.ndarray] = []
-    gains = []
+
+
+def sweep_summary(static: dict[float, StaticBest], ours: dict[float, list[RunResult]]) -> tuple[float, float, float]:
+    """(mean attainment gain over the sweep, the paper's CV across rates of the best static, of SABER): eq. 1 as
+    sec. VI-B applies it, std/mean of the per-rate mean completion/SLA (Fig. 6's line)."""
+    gains = [mean(ours[rate], "slo_attainment") - static[rate].attainment for rate in static]
+    static_means = np.array([static[rate].mean_ratio for rate in static])
+    saber_means = np.array([np.concatenate([ratios(r) for r in ours[rate]]).mean() for rate in static])
+    return statistics.fmean(gains), cv(static_means), cv(saber_means)
+
+
+async def sweep_workload(
+    name: str, base: Profile, rates: list[float], requests: int, seeds: int, saber: dict[str, Any]
+) -> dict[float, StaticBest]:
+    """SABER against the best static cap at every rate on `base`'s engine; prints one line per rate and the
+    sweep's summary, returns the best static runs (the window-size sensitivity reuses them)."""
+    print_offline_phase(name, base)
     hardware_cap = max(base.saber.static_caps)
     tasks = [t.name for t in base.workload.tasks]
     print(
@@ -244,13 +196,13 @@ async def sweep_workload(
         f"{'static CV':>9} {'SABER CV':>8} {'static conc':>11} {'SABER conc':>10} {'by running':>12} "
         f"{'demoted ' + '/'.join(t.split('-')[-1][:5] for t in tasks):>22} {'pin/f(1), held by':>25}"
     )
+    statics: dict[float, StaticBest] = {}
+    ours_by_rate: dict[float, list[RunResult]] = {}
     for rate in rates:
-        profile = at_rate(base, rate, requests, saber)
-        static = {cap: await measure(with_cap(profile, cap), "fcfs", seeds) for cap in base.saber.static_caps}
-        best_cap = max(static, key=lambda cap: (mean(static[cap], "slo_attainment"), -cap))
-        best = static[best_cap]
+        best = statics[rate] = await best_static(base, rate, requests, seeds)
         described: list[dict[str, Any]] = []
-        ours = await measure(with_cap(profile, hardware_cap), "saber", seeds, described)
+        profile = at_rate(base, rate, requests, saber)
+        ours = ours_by_rate[rate] = await measure(with_cap(profile, hardware_cap), "saber", seeds, described)
         pins = [pinning(r, d["fastest_tps"]) for r, d in zip(ours, described, strict=True)]
         pin_holders: dict[str, float] = {}
         for _, held in pins:
@@ -259,73 +211,97 @@ async def sweep_workload(
         pin = f"{statistics.fmean(p for p, _ in pins):.2f} " + "/".join(f"{pin_holders.get(t, 0):.2f}" for t in tasks)
         refused_running = sum(d["refused_running"] for d in described)
         refusals = refused_running + sum(d["refused_own"] for d in described)
-        s_att, o_att = mean(best, "slo_attainment"), mean(ours, "slo_attainment")
-        gains.append(o_att - s_att)
-        static_ratios = np.concatenate([ratios(r) for r in best])
-        saber_ratios = np.concatenate([ratios(r) for r in ours])
-        pooled_static.append(static_ratios)
-        pooled_saber.append(saber_ratios)
+        s_att, o_att = best.attainment, mean(ours, "slo_attainment")
+        static_ratios, saber_ratios = best.ratios, np.concatenate([ratios(r) for r in ours])
         heavy = "  <- heavy" if rate == HEAVY_RPS else ""
         print(
-            f"{rate:5.0f} {best_cap:8d} {s_att:10.3f} {o_att:9.3f} {o_att - s_att:+6.3f} "
-            f"{mean(best, 'goodput_rps'):10.2f} {mean(ours, 'goodput_rps'):9.2f} "
+            f"{rate:5.0f} {best.cap:8d} {s_att:10.3f} {o_att:9.3f} {o_att - s_att:+6.3f} "
+            f"{mean(best.results, 'goodput_rps'):10.2f} {mean(ours, 'goodput_rps'):9.2f} "
             f"{static_ratios.mean():14.3f} {saber_ratios.mean():13.3f} "
             f"{cv(static_ratios):9.3f} {cv(saber_ratios):8.3f} "
-            f"{statistics.fmean(decoding_concurrency(r) for r in best):11.1f} "
+            f"{statistics.fmean(decoding_concurrency(r) for r in best.results):11.1f} "
             f"{statistics.fmean(decoding_concurrency(r) for r in ours):10.1f} "
             f"{refused_running / max(1, refusals):12.2f} {demoted_share(ours, tasks):>22} {pin:>25}{heavy}",
             flush=True,
         )
-    static_means = np.array([r.mean() for r in pooled_static])
-    saber_means = np.array([r.mean() for r in pooled_saber])
+    gain, static_cv, saber_cv = sweep_summary(statics, ours_by_rate)
+    pooled_static = np.concatenate([s.ratios for s in statics.values()])
+    pooled_saber = np.concatenate([ratios(r) for runs in ours_by_rate.values() for r in runs])
     print(
-        f"{name}: mean attainment gain over the sweep {statistics.fmean(gains):+.3f}; CV of the per-rate mean "
-        f"completion/SLA across rates (the paper's eq. 1 / Fig. 6): best static {cv(static_means):.3f}, "
-        f"SABER {cv(saber_means):.3f}; CV of completion/SLA pooled over all requests of all rates: best static "
-        f"{cv(np.concatenate(pooled_static)):.3f}, SABER {cv(np.concatenate(pooled_saber)):.3f}"
+        f"{name}: mean attainment gain over the sweep {gain:+.3f}; CV of the per-rate mean "
+        f"completion/SLA across rates (the paper's eq. 1 / Fig. 6): best static {static_cv:.3f}, "
+        f"SABER {saber_cv:.3f}; CV of completion/SLA pooled over all requests of all rates: best static "
+        f"{cv(pooled_static):.3f}, SABER {cv(pooled_saber):.3f}"
+    )
+    return statics
+
+
+def print_held_out(name: str, statics: dict[float, StaticBest]) -> None:
+    """The paper's static-baseline figures the fit left out, beside the fitted engine's (sec. V-C, VI-C)."""
+    caps = [
+        f"{rate:g} RPS cap {statics[rate].cap} (paper {cap})"
+        for (workload, rate), cap in HELD_OUT_CAPS.items()
+        if workload == name and rate in statics
+    ]
+    means = np.array([s.mean_ratio for s in statics.values()])
+    print(
+        f"{name}: held out (not in the fit's loss): best static {'; '.join(caps) or '-'}; "
+        f"static CV across rates {cv(means):.3f} (paper {HELD_OUT_CV.get(name, '-')})"
     )
 
 
-# The paper's static anchors (sec. VI-C): on W1 the best static cap's mean e2e/SLA is 0.58 at 1 RPS and 3.0 at
-# 20 RPS. `--fit-engine` picks, on this grid fixed before any SABER run, the engine nearest to both (squared
-# log ratios); SABER is not run. (fixed step time s, added seconds per running sequence per step)
-ANCHOR_WORKLOAD = "saber-w1"
-ANCHORS = {1.0: 0.58, 20.0: 3.0}
-ANCHOR_BASES = (0.0157, 0.013, 0.0115, 0.010)
-ANCHOR_PER_SEQ = (0.0, 0.0003, 0.0006, 0.001, 0.0015, 0.002)
+WINDOW_SIZES = (1, 2, 4, 8, 1000)  # 1000: the whole high tier (no run queues that many)
 
 
-async def best_static_ratio(profile: Profile, rate: float, requests: int, seeds: int) -> tuple[int, float, float]:
-    """(best cap, its attainment, its mean e2e/SLA) at `rate`, paper protocol."""
-    at = at_rate(profile, rate, requests, {})
-    best: tuple[int, float, float] | None = None
-    for cap in profile.saber.static_caps:
-        results = await measure(with_cap(at, cap), "fcfs", seeds)
-        attainment = mean(results, "slo_attainment")
-        if best is None or attainment > best[1]:
-            best = (cap, attainment, float(np.concatenate([ratios(r) for r in results]).mean()))
-    assert best is not None
-    return best
+async def window_sensitivity(
+    bases: dict[str, Profile],
+    statics: dict[str, dict[float, StaticBest]],
+    requests: int,
+    seeds: int,
+    saber: dict[str, Any],
+) -> None:
+    """SABER's admission window (Algorithm 1 line 6; the paper gives no windowSize) against the same best
+    static runs: the mean attainment gain over the sweep, the attainment at HEAVY_RPS and the paper's CV."""
+    print("\nwindow-size sensitivity (the paper states no windowSize; the profiles' default is 4): per workload")
+    print("  mean attainment gain over the sweep / gain at the heavy rate / SABER's CV across rates (best static's)")
+    for window in WINDOW_SIZES:
+        cells = []
+        for name, base in bases.items():
+            static = statics[name]
+            hardware_cap = max(base.saber.static_caps)
+            ours = {
+                rate: await measure(
+                    with_cap(at_rate(base, rate, requests, {**saber, "window_size": window}), hardware_cap),
+                    "saber",
+                    seeds,
+                )
+                for rate in static
+            }
+            gain, static_cv, saber_cv = sweep_summary(static, ours)
+            heavy = max(static)
+            heavy_gain = mean(ours[heavy], "slo_attainment") - static[heavy].attainment
+            cells.append(f"{name} {gain:+.3f} / {heavy_gain:+.3f} / {saber_cv:.3f} ({static_cv:.3f})")
+        label = "all" if window == WINDOW_SIZES[-1] else str(window)
+        print(f"  window {label:>4}: " + ";  ".join(cells), flush=True)
 
 
-async def fit_engine(requests: int, seeds: int) -> None:
-    base = load_profile(ANCHOR_WORKLOAD)
-    print(f"engine fit to the paper's static anchors on {ANCHOR_WORKLOAD}: mean e2e/SLA {ANCHORS}")
-    fits = []
-    for base_s in ANCHOR_BASES:
-        for per_seq_s in ANCHOR_PER_SEQ:
-            engine = with_engine(base, per_seq_s, base_s)
-            points = {rate: await best_static_ratio(engine, rate, requests, seeds) for rate in ANCHORS}
-            error = sum(math.log(points[rate][2] / target) ** 2 for rate, target in ANCHORS.items())
-            fits.append((error, base_s, per_seq_s))
-            print(
-                f"  --base-s {base_s:g} --per-seq-s {per_seq_s:g}: "
-                + "; ".join(f"{r:g} RPS cap {c} att {a:.3f} e2e/SLA {m:.3f}" for r, (c, a, m) in points.items())
-                + f"; error {error:.4f}",
-                flush=True,
-            )
-    error, base_s, per_seq_s = min(fits)
-    print(f"nearest: --base-s {base_s:g} --per-seq-s {per_seq_s:g} (error {error:.4f})")
+async def paper_regime(workloads: list[str], rates: list[float], requests: int, seeds: int, saber: dict) -> None:
+    """`--regime paper`: fit the engine to the paper's static anchors (static runs only), freeze it, then run
+    SABER against the best static cap per workload and rate, and the window-size sensitivity."""
+    print(
+        "step 1: fit an engine to the paper's static-baseline figures (benchmarks/saber_paper_regime.py); no SABER run"
+    )
+    result = await fit(requests=FIT_REQUESTS, seeds=FIT_SEEDS)
+    shipped = anchor_values(await static_at_anchors(None, FIT_REQUESTS, FIT_SEEDS))
+    print_fit(result, FIT_REQUESTS, FIT_SEEDS, shipped)
+    engine: PaperEngine = result.engine
+    print(f"\nstep 2: SABER vs the best static cap on the frozen engine ({engine.cli()}); saber settings {saber}")
+    bases = {name: engine.apply(load_profile(name)) for name in workloads}
+    statics = {}
+    for name, base in bases.items():
+        statics[name] = await sweep_workload(name, base, rates, requests, seeds, saber)
+        print_held_out(name, statics[name])
+    await window_sensitivity(bases, statics, requests, seeds, saber)
 
 
 def parse_setting(text: str) -> tuple[str, Any]:
@@ -341,8 +317,30 @@ def parse_setting(text: str) -> tuple[str, Any]:
         return key, value
 
 
+async def shipped_regime(args: argparse.Namespace, rates: list[float], saber: dict[str, Any]) -> None:
+    """The profiles' own engine (or the sensitivity options' hypothetical one)."""
+    print(f"SABER vs best static max_num_seqs (simulator); heavy load = {HEAVY_RPS:g} RPS; saber settings {saber}")
+    for name in args.workloads.split(","):
+        base = load_profile(name)
+        if args.length_sigma is not None:
+            base = with_length_sigma(base, args.length_sigma)
+        if args.per_seq_s or args.base_s is not None:
+            base = with_engine(base, args.per_seq_s, args.base_s)
+        if args.derive_slas:
+            base = await with_derived_slas(base)
+            slas = ", ".join(f"{t.name} {t.slo.e2e_s} s" for t in base.workload.tasks)
+            print(f"\n{name}: SLAs derived at 10 RPS: {slas}")
+        await sweep_workload(name, base, rates, args.requests, args.seeds, saber)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--regime",
+        choices=("shipped", "paper"),
+        default="shipped",
+        help="paper: fit an engine to the paper's static-baseline figures first, then compare on it",
+    )
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
     parser.add_argument("--requests", type=int, default=REQUESTS)
@@ -353,9 +351,6 @@ def main() -> int:
     )
     parser.add_argument("--base-s", type=float, default=None, help="sensitivity: the engine's fixed step time")
     parser.add_argument(
-        "--fit-engine", action="store_true", help="only fit --base-s/--per-seq-s to the paper's static anchors"
-    )
-    parser.add_argument(
         "--length-sigma", type=float, default=None, help="sensitivity: lognormal spread of every task's lengths"
     )
     parser.add_argument(
@@ -365,26 +360,13 @@ def main() -> int:
     saber = dict(parse_setting(s) for s in args.set)
     rates = [float(r) for r in args.rates.split(",")]
     start = time.perf_counter()
-    if args.fit_engine:
-        asyncio.run(fit_engine(args.requests, args.seeds))
-        print(f"\n{time.perf_counter() - start:.0f} s wall")
-        return 0
-    print(f"SABER vs best static max_num_seqs (simulator); heavy load = {HEAVY_RPS:g} RPS; saber settings {saber}")
-    for name in args.workloads.split(","):
-        asyncio.run(
-            sweep_workload(
-                name,
-                rates,
-                args.requests,
-                args.seeds,
-                saber,
-                args.per_seq_s,
-                args.derive_slas,
-                args.base_s,
-                args.length_sigma,
-            )
-        )
-    print(f"\n{time.perf_counter() - start:.0f} s wall")
+    if args.regime == "paper":
+        if args.per_seq_s or args.base_s is not None or args.length_sigma is not None or args.derive_slas:
+            parser.error("--regime paper fits its own engine; the engine options belong to --regime shipped")
+        asyncio.run(paper_regime(args.workloads.split(","), rates, args.requests, args.seeds, saber))
+    else:
+        asyncio.run(shipped_regime(args, rates, saber))
+    print(f"\n{time.perf_counter() - start:.0f} s wall, {time.process_time():.0f} s CPU")
     return 0
 
 
