@@ -71,9 +71,12 @@ class StallClock:
         return stalled
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class SimRequest:
-    """A request inside a replica (one run of it: a preempted request comes back as a new SimRequest)."""
+    """A request inside a replica (one run of it: a preempted request comes back as a new SimRequest).
+
+    Compared by identity (eq=False): `running_order.remove(req)` must find this object, and the generated
+    field-by-field __eq__ made each removal compare whole requests down the list."""
 
     spec: RequestSpec
     latency_from_s: float  # RequestRecord.arrival_s
