@@ -147,6 +147,8 @@ class EngineReplica:
         # Float: decodes with speculation grow the cache by a fractional expected count per step.
         self.kv_used = 0.0
         self._admit_seq = 0
+        # run_decode_steps' per-term constants by the number of decoding requests (they depend on nothing else).
+        self._decode_terms: dict[int, list[tuple[float, float, float, float]]] = {}
 
     # ------------------------------------------------------------ requests in
 
@@ -246,13 +248,15 @@ class EngineReplica:
             return 0
         heap = self.decode_heap
         first_finish = heap[0][0] if heap else math.inf
-        width = self.width
-        tokens = self.decoding * (width + 1)
-        # step_time's sum, left to right: base + k_tok*tokens + k_ctx*context + k_spec*spec + k_seq*seqs.
-        terms = [
-            (base + k_tok * tokens, k_ctx, k_spec * width, k_seq * self.decoding)
-            for base, k_tok, k_ctx, k_spec, k_seq in self.model.terms
-        ]
+        terms = self._decode_terms.get(self.decoding)
+        if terms is None:
+            width = self.width
+            tokens = self.decoding * (width + 1)
+            # step_time's sum, left to right: base + k_tok*tokens + k_ctx*context + k_spec*spec + k_seq*seqs.
+            terms = self._decode_terms[self.decoding] = [
+                (base + k_tok * tokens, k_ctx, k_spec * width, k_seq * self.decoding)
+                for base, k_tok, k_ctx, k_spec, k_seq in self.model.terms
+            ]
         rate = self.decode_rate
         capacity = self.kv_capacity
         kv = self.kv_used
