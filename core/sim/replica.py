@@ -20,6 +20,9 @@ known when it starts decoding (it emits a fixed number of tokens per step), so c
 keyed by step index; the KV total grows by a maintained sum each step; every step's end time is stored
 once in a shared array, and a request's token timeline is a view of that array (chunk i of a request is
 the step it decoded in). No per-token or per-request work happens inside a step.
+Between two events an fcfs replica repeats one decode-only batch, and `run_decode_steps` runs such a
+stretch in one tight loop with the same arithmetic and noise draws as `step_once` (the engine's
+`reference=True` turns it off; tests/test_sim_fast_path.py holds the two equal).
 
 The replica knows nothing of clients or scheduling modes: the simulation (engine.py) enqueues the requests
 its controller releases, and hears of each completion through `on_complete`. Modes that decide batch
