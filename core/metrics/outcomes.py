@@ -138,7 +138,11 @@ def _chunk_pass(
         if collect_itl and len(flat_t) > 1:
             gaps = np.diff(flat_t)
             # A gap counts only inside one request (not across the seam to the next) of an ok request.
-            keep = (seg[1:] == seg[:-1]) & ok[lo:hi][seg[1:]]
+            keep = np.ones(len(gaps), dtype=bool)
+            keep[starts[1:] - 1] = False  # the seams: gap j joins chunk j to chunk j + 1 = the next start
+            batch_ok = ok[lo:hi]
+            if not batch_ok.all():
+                keep &= np.repeat(batch_ok, counts)[1:]
             kept = gaps[keep]
             itl[itl_filled : itl_filled + len(kept)] = kept
             itl_filled += len(kept)
