@@ -121,7 +121,7 @@ class EngineReplica:
         self.model = StepTimeModel.from_calibration(calibration)
         self.rng = rng
         self.on_complete = on_complete
-        self._noise = self._noise_values()
+        self._noise = self._noise_block()
         self._noise_i = 0
         self._stalls = (
             StallClock(calibration.stalls, rng) if calibration.stalls and calibration.stalls.rate_per_s else None
@@ -194,20 +194,17 @@ class EngineReplica:
         sigma = math.sqrt(math.log1p(cv * cv))
         return self.rng.lognormal(-0.5 * sigma * sigma, sigma, NOISE_BLOCK)
 
-    def _noise_values(self) -> list[float]:
-        # As Python floats: the same doubles, but step arithmetic on them avoids numpy scalar overhead.
-        return self._noise_block().tolist()
-
     def _blocks(self, tokens: int) -> int:
         return -(-tokens // self.block) * self.block
 
     def _noisy(self, dt: float) -> float:
         i = self._noise_i
         if i >= NOISE_BLOCK:
-            self._noise = self._noise_values()
+            self._noise = self._noise_block()
             i = 0
         self._noise_i = i + 1
-        return dt * self._noise[i]
+        # float(): the same double, and the clock stays a Python float (numpy scalar arithmetic is slower).
+        return dt * float(self._noise[i])
 
     def _record_step_end(self, dt: float) -> int:
         """Advance the clock by one step of `dt` seconds (plus any stall that falls in it); returns its index."""
@@ -283,9 +280,9 @@ class EngineReplica:
                 if value > best:
                     best = value
             if i >= NOISE_BLOCK:
-                self._noise = noise = self._noise_values()
+                self._noise = noise = self._noise_block()
                 i = 0
-            dt = best * noise[i]
+            dt = best * float(noise[i])
             i += 1
             clock += dt
             busy += dt
