@@ -17,7 +17,25 @@ EventSink = Callable[[Event], None]
 FLOAT_DIGITS = 6
 
 
+_UNCHANGED = frozenset({int, str, bool, type(None)})
+
+
 def _clean(value: Any) -> Any:
+    # Exact types first: a batch run cleans tens of thousands of engine events, and the isinstance checks
+    # against the Mapping ABC dominated; anything else (subclasses, numpy scalars) takes the general path.
+    kind = type(value)
+    if kind is float:
+        return round(value, FLOAT_DIGITS) if math.isfinite(value) else None
+    if kind in _UNCHANGED:
+        return value
+    if kind is dict:
+        return {str(k): _clean(v) for k, v in value.items()}
+    if kind is list or kind is tuple:
+        return [_clean(v) for v in value]
+    return _clean_general(value)
+
+
+def _clean_general(value: Any) -> Any:
     if isinstance(value, float):
         if math.isnan(value) or math.isinf(value):
             return None  # JSON has no NaN/inf; null reads as "undefined" (e.g. p99 of zero requests)

@@ -42,8 +42,9 @@ OK_CODE = _STATUS_CODE[Status.OK.value]
 # clock's resolution here, keeps such a request on the side of the line it is really on.
 SLO_TOLERANCE_S = 1e-9
 
-# Chunk elements processed per batch: about 16 MB per float64 working array.
-_CHUNK_BATCH = 1 << 21
+# Chunk elements processed per batch: about 2 MB per float64 working array (a batch's temporaries stay
+# small beside the ITL array itself; results do not depend on the batching, tests/test_metrics.py).
+_CHUNK_BATCH = 1 << 18
 
 
 def _slo_tuple(slo: RequestSLO | SLOSpec) -> tuple[float, float, float]:
@@ -87,7 +88,7 @@ def _chunk_pass(
     ok: np.ndarray,
     smooth: SmoothGoodputSpec,
     collect_itl: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[np.ndarray]]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """First-chunk time, delivered tokens and max lateness per request, plus ITL gaps of ok requests.
 
     Lateness of token i is t_i - d_i with d_i = a + first + (i - 1)/V, where first = 1/V gives paper 003's
@@ -99,10 +100,13 @@ def _chunk_pass(
     first = np.empty(n)
     delivered = np.empty(n, dtype=np.int64)
     max_late = np.empty(n)
-    itl_parts: list[np.ndarray] = []
     if n == 0:
-        return first, delivered, max_late, itl_parts
+        return first, delivered, max_late, np.empty(0)
     counts_all = np.fromiter(map(len, times_list), dtype=np.int64, count=n)
+    # The gaps fill one array sized up front (each ok request has one gap fewer than chunks): collecting
+    # parts and concatenating them held every gap twice at the peak.
+    itl = np.empty(int((counts_all[ok] - 1).sum()) if collect_itl else 0)
+    itl_filled = 0
     ends_all = np.cumsum(counts_all)
     lo = 0
     while lo < n:
@@ -134,10 +138,16 @@ def _chunk_pass(
         if collect_itl and len(flat_t) > 1:
             gaps = np.diff(flat_t)
             # A gap counts only inside one request (not across the seam to the next) of an ok request.
-            keep = (seg[1:] == seg[:-1]) & ok[lo:hi][seg[1:]]
-            itl_parts.append(gaps[keep])
+            keep = np.ones(len(gaps), dtype=bool)
+            keep[starts[1:] - 1] = False  # the seams: gap j joins chunk j to chunk j + 1 = the next start
+            batch_ok = ok[lo:hi]
+            if not batch_ok.all():
+                keep &= np.repeat(batch_ok, counts)[1:]
+            kept = gaps[keep]
+            itl[itl_filled : itl_filled + len(kept)] = kept
+            itl_filled += len(kept)
         lo = hi
-    return first, delivered, max_late, itl_parts
+    return first, delivered, max_late, itl
 
 
 def compute_outcomes(
@@ -203,7 +213,7 @@ def compute_outcomes(
     slo_e2e, slo_ttft, slo_tpot = slo_a[:, 0], slo_a[:, 1], slo_a[:, 2]
 
     rows = np.array(chunk_rows, dtype=np.int64)
-    first_c, delivered_c, late_c, itl_parts = _chunk_pass(
+    first_c, delivered_c, late_c, itl = _chunk_pass(
         times_list, tokens_list, arrival_a[rows], ok[rows], smooth, collect_itl
     )
     first = np.full(n, NAN)
@@ -232,7 +242,6 @@ def compute_outcomes(
     # ---- user idle latency and benefit (paper 003 eqs. 6-7)
     idle, benefit = idle_and_benefit(max_late, ok, arrival_a, end_a, out_tok, delivered, smooth)
 
-    itl = np.concatenate(itl_parts) if itl_parts else np.empty(0)
     return RequestOutcomes(
         arrival_s=arrival_a,
         end_s=end_a,

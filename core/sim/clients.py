@@ -36,7 +36,8 @@ class ClientDriver:
         self._client_sends: list[tuple[float, int, int]] = []  # closed loop: (time, client, order)
         self._send_order = 0
         self._exhausted = False
-        if plan.mode == "closed":
+        self._closed = plan.mode == "closed"
+        if self._closed:
             for client in range(plan.concurrency or 1):
                 heapq.heappush(self._client_sends, (0.0, client, client))
             self._send_order = plan.concurrency or 1
@@ -66,7 +67,10 @@ class ClientDriver:
 
     def release(self, now: float) -> None:
         """Send every request whose time has come by `now` (open-loop schedule or closed-loop client)."""
-        if self.plan.mode == "closed":
+        lookahead = self._lookahead
+        if lookahead is not None and lookahead.arrival_s > now and not self.blocked:
+            return  # open loop, nothing due (the simulation asks before every engine step)
+        if self._closed:
             sends = self._client_sends
             while sends and sends[0][0] <= now:
                 t, client, _ = heapq.heappop(sends)
@@ -100,7 +104,7 @@ class ClientDriver:
                 self._send(spec, spec.arrival_s)
 
     def next_send_time(self) -> float:
-        if self.plan.mode == "closed":
+        if self._closed:
             return self._client_sends[0][0] if self._client_sends else math.inf
         if self._lookahead is not None:
             return self._lookahead.arrival_s
@@ -109,7 +113,7 @@ class ClientDriver:
     def on_done(self, spec: RequestSpec, t: float) -> None:
         """A request this client sent has ended at `t` (served, failed or refused)."""
         self.in_flight -= 1
-        if self.plan.mode == "closed" and spec.client_id is not None:
+        if self._closed and spec.client_id is not None:
             heapq.heappush(self._client_sends, (next_send_s(self.plan, t), spec.client_id, self._send_order))
             self._send_order += 1
 

@@ -82,6 +82,7 @@ class SimEngine:
         on_record: Callable[[RequestRecord], None] | None = None,
         on_sample: Callable[[EngineSample], None] | None = None,
         sample_interval_s: float = 0.5,
+        reference: bool = False,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas must be at least 1 (got {replicas})")
@@ -98,6 +99,9 @@ class SimEngine:
         self.replicas = [self._make_replica(i, calibration, knobs, _replica_rng(seed, i)) for i in range(replicas)]
         self.views = [SimReplicaView(r) for r in self.replicas]
         self._passthrough = self.policy.passthrough and replicas == 1
+        # fcfs on one plain replica runs stretches of decode-only steps in one call (replica.run_decode_steps);
+        # `reference=True` steps every iteration through step_once instead (the tests compare the two).
+        self._decode_runs = self._passthrough and not reference and type(self.replicas[0]) is EngineReplica
         self._held = 0  # requests the policy holds
         self._policy_dirty = False  # something changed since the policy was last asked to release
 
@@ -364,6 +368,12 @@ class SimEngine:
             if len(self.replicas) > 1 and replica.clock > self.clock:
                 # Route the arrivals due before this replica's step first (other replicas may be idle).
                 self.clock = replica.clock
+                continue
+            if self._decode_runs and replica.run_decode_steps(
+                self.clock, clients.next_send_time(), until_s, self._next_sample_s if self.on_sample else math.inf
+            ):
+                self.clock = max(self.clock, replica.clock)
+                self._maybe_sample()
                 continue
             if not replica.step_once():
                 # Nothing schedulable (should not happen with a non-empty queue); avoid spinning.

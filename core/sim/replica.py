@@ -20,6 +20,9 @@ known when it starts decoding (it emits a fixed number of tokens per step), so c
 keyed by step index; the KV total grows by a maintained sum each step; every step's end time is stored
 once in a shared array, and a request's token timeline is a view of that array (chunk i of a request is
 the step it decoded in). No per-token or per-request work happens inside a step.
+Between two events an fcfs replica repeats one decode-only batch, and `run_decode_steps` runs such a
+stretch in one tight loop with the same arithmetic and noise draws as `step_once` (the engine's
+`reference=True` turns it off; tests/test_sim_fast_path.py holds the two equal).
 
 The replica knows nothing of clients or scheduling modes: the simulation (engine.py) enqueues the requests
 its controller releases, and hears of each completion through `on_complete`. Modes that decide batch
@@ -71,9 +74,12 @@ class StallClock:
         return stalled
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class SimRequest:
-    """A request inside a replica (one run of it: a preempted request comes back as a new SimRequest)."""
+    """A request inside a replica (one run of it: a preempted request comes back as a new SimRequest).
+
+    Compared by identity (eq=False): `running_order.remove(req)` must find this object, and the generated
+    field-by-field __eq__ made each removal compare whole requests down the list."""
 
     spec: RequestSpec
     latency_from_s: float  # RequestRecord.arrival_s
@@ -144,6 +150,8 @@ class EngineReplica:
         # Float: decodes with speculation grow the cache by a fractional expected count per step.
         self.kv_used = 0.0
         self._admit_seq = 0
+        # run_decode_steps' per-term constants by the number of decoding requests (they depend on nothing else).
+        self._decode_terms: dict[int, list[tuple[float, float, float, float]]] = {}
 
     # ------------------------------------------------------------ requests in
 
@@ -195,7 +203,8 @@ class EngineReplica:
             self._noise = self._noise_block()
             i = 0
         self._noise_i = i + 1
-        return dt * self._noise[i]
+        # float(): the same double, and the clock stays a Python float (numpy scalar arithmetic is slower).
+        return dt * float(self._noise[i])
 
     def _record_step_end(self, dt: float) -> int:
         """Advance the clock by one step of `dt` seconds (plus any stall that falls in it); returns its index."""
@@ -208,6 +217,91 @@ class EngineReplica:
             self.step_times = np.concatenate([self.step_times, np.empty(len(self.step_times))])
         self.step_times[step] = self.clock
         return step
+
+    def _admits_head(self) -> bool:
+        """Whether a step starting now would admit the first waiting request (step_once's admission test)."""
+        if not self.waiting or len(self.running_order) >= self.max_seqs:
+            return False
+        budget = self.token_budget - self.decoding * (self.width + 1)
+        if budget <= 0:
+            return False
+        req = self.waiting[0]
+        if req.prompt_left > budget and not self.chunked:
+            return False
+        need = self._blocks(req.context + req.prompt_left + 1) - req.context
+        return self.kv_used + need <= self.kv_capacity
+
+    def run_decode_steps(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> int:
+        """Run, one after another, the engine steps that only decode and change nothing else; returns how many.
+
+        Between two events (an arrival, a completion, a KV overflow, a prefill chunk) every step of this
+        replica is the same batch: all decoding requests, nothing admitted. Only the context grows (by the
+        maintained decode rate), so each step is priced and timed here with exactly the arithmetic of
+        step_once, in the same order and with the same noise draw, minus the per-step batch formation.
+
+        A step runs only if it starts before `send_s` (the next client send: it would join the queue),
+        its replica clock is before `until_s` (advance_until stops there), it completes no request (the
+        decode heap's earliest finish step), leaves the KV cache within capacity, and no waiting request
+        could be admitted (that test is monotone here: the cache only grows). The steps stop after the first
+        one whose end reaches `sample_s`, so the caller samples the engine exactly where step_once would."""
+        if self.prefilling or not self.decoding or self._stalls is not None or self._admits_head():
+            return 0
+        heap = self.decode_heap
+        first_finish = heap[0][0] if heap else math.inf
+        terms = self._decode_terms.get(self.decoding)
+        if terms is None:
+            width = self.width
+            tokens = self.decoding * (width + 1)
+            # step_time's sum, left to right: base + k_tok*tokens + k_ctx*context + k_spec*spec + k_seq*seqs.
+            terms = self._decode_terms[self.decoding] = [
+                (base + k_tok * tokens, k_ctx, k_spec * width, k_seq * self.decoding)
+                for base, k_tok, k_ctx, k_spec, k_seq in self.model.terms
+            ]
+        rate = self.decode_rate
+        capacity = self.kv_capacity
+        kv = self.kv_used
+        clock = self.clock
+        busy = self.busy_s
+        generated = self.generated_tokens
+        step = self.step
+        noise = self._noise
+        i = self._noise_i
+        times = self.step_times
+        ran = 0
+        while (
+            step < first_finish
+            and clock < until_s
+            and (clock if clock > clock_floor else clock_floor) < send_s
+            and kv + rate <= capacity
+        ):
+            best = 0.0
+            for fixed, k_ctx, spec_part, seq_part in terms:
+                value = fixed + k_ctx * kv + spec_part + seq_part
+                if value > best:
+                    best = value
+            if i >= NOISE_BLOCK:
+                self._noise = noise = self._noise_block()
+                i = 0
+            dt = best * float(noise[i])
+            i += 1
+            clock += dt
+            busy += dt
+            if step >= len(times):
+                self.step_times = times = np.concatenate([times, np.empty(len(times))])
+            times[step] = clock
+            kv += rate
+            generated += rate
+            step += 1
+            ran += 1
+            if (clock if clock > clock_floor else clock_floor) >= sample_s:
+                break
+        self.kv_used = kv
+        self.clock = clock
+        self.busy_s = busy
+        self.generated_tokens = generated
+        self.step = step
+        self._noise_i = i
+        return ran
 
     def step_once(self) -> bool:
         """Form one batch and execute it. Returns False when there was nothing to run."""
