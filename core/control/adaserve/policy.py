@@ -56,17 +56,17 @@ class StepLengths:
     KEEP = 1 << 16  # steps kept (more than any request's output tokens; older ones are dropped in halves)
 
     def __init__(self) -> None:
-        self._sums = [0.0]
+        self.sums = [0.0]  # sums[i]: the first i steps kept, in seconds
 
     def add(self, seconds: float) -> None:
-        sums = self._sums
+        sums = self.sums
         sums.append(sums[-1] + seconds)
         if len(sums) > 2 * self.KEEP:
             del sums[: self.KEEP]
 
     def mean_of_last(self, k: int) -> float:
         """Mean length of the last `k` steps (of all there are, when fewer; 0.0 before the first)."""
-        sums = self._sums
+        sums = self.sums
         k = min(k, len(sums) - 1)
         return (sums[-1] - sums[-1 - k]) / k if k > 0 else 0.0
 
@@ -84,6 +84,7 @@ class TreePlanner:
         self._tracked: dict[StepRequest, _Tracked] = {}
         self._emitted: dict[StepRequest, int] = {}
         self._steps = StepLengths()  # the replica's step lengths, for _slo_at_stake
+        self._deadlines: dict[StepRequest, float] = {}  # _deadline of each decoding request, once
         self._last_plan_s = 0.0  # when the planner last planned a step
 
     def plan(self, replica: StepReplicaView, now: float) -> BatchPlan:
@@ -96,10 +97,10 @@ class TreePlanner:
             if decoding:
                 # Decoding requests were in the last step, so it ran back to back with this one: no idle gap.
                 self._steps.add(last_step_s)
-                prefill = self._prefill_load(replica)
-                # The longest step that can come next: a full prompt chunk (max_num_batched_tokens).
-                spike_s = replica.model.step_time(replica.token_budget, replica.kv_used, 0, len(decoding) + 1)
-                if not prefill.held_back and not self._slo_at_stake(decoding, now, self._steps, spike_s):
+                at_stake = self._slo_at_stake(replica, now)
+                if at_stake or replica.waiting:
+                    prefill = self._prefill_load(replica)
+                if not at_stake and not prefill.held_back:
                     return self._plain_decode(replica, batch)
         full = self.scheduler.full_tree(len(decoding), replica.kv_used, prefill) if decoding and self.shortcut else None
         if full is not None:
@@ -126,12 +127,11 @@ class TreePlanner:
         plan_fcfs_prefill(replica, batch, replica.token_budget - len(decoding))
         return batch
 
-    @staticmethod
-    def _slo_at_stake(decoding: list[StepRequest], now: float, steps: StepLengths, spike_s: float) -> bool:
+    def _slo_at_stake(self, replica: StepReplicaView, now: float) -> bool:
         """Whether speculation can pay this step (issue 21): some decoding request would miss its TPOT or
         end-to-end SLO if it emitted one token per step from here on, one of its `left` steps a full prompt
-        chunk (`spike_s`: chunked prefill may schedule one in any step, and a request cruising just inside its
-        SLO would have no slack left to absorb it) and the others as long on average as the replica's last
+        chunk (chunked prefill may schedule one in any step, and a request cruising just inside its SLO would
+        have no slack left to absorb it) and the others as long on average as the replica's last
         `left` steps were (prefill-heavy ones included: a request that shares steps with long prompts is at
         stake sooner).
 
@@ -139,24 +139,40 @@ class TreePlanner:
         token waits for it), and the tokens they add buy nothing that counts when every request meets its SLOs
         without them; then the step runs as vLLM's would. TPOT is (end - first token) / (tokens after the
         first), as core/metrics scores it; a TTFT SLO is settled before decoding starts."""
+        decoding = replica.decoding
+        spike_s = replica.model.step_time(replica.token_budget, replica.kv_used, 0, len(decoding) + 1)
+        deadlines = self._deadlines
+        sums = self._steps.sums
+        seen = len(sums) - 1
+        busy = sums[-1]
         for item in decoding:
-            slo = item.req.spec.slo
-            if slo.tpot_s is None and slo.e2e_s is None:
-                continue
+            deadline = deadlines.get(item)
+            if deadline is None:
+                deadline = deadlines[item] = self._deadline(item)
             left = item.out_left
-            remaining = (left - 1) * steps.mean_of_last(left) + spike_s
-            if slo.tpot_s is not None and now - item.chunk_times[0] + remaining > slo.tpot_s * (
-                item.generated - 1 + left
-            ):
-                return True
-            if slo.e2e_s is not None and now + remaining - item.req.latency_from_s > slo.e2e_s:
+            k = left if left < seen else seen  # StepLengths.mean_of_last(left), inline (once per request per step)
+            if now + (left - 1) * (busy - sums[-1 - k]) / k + spike_s > deadline:
                 return True
         return False
+
+    @staticmethod
+    def _deadline(item: StepRequest) -> float:
+        """When its last token must come for the request to meet its SLOs that decoding can still change:
+        TPOT, (end - first token) / (tokens after the first) as core/metrics scores it, and end to end (a TTFT
+        SLO is settled before decoding starts); inf without either."""
+        slo = item.req.spec.slo
+        deadline = math.inf
+        if slo.tpot_s is not None:
+            deadline = item.chunk_times[0] + slo.tpot_s * (item.spec.output_tokens - 1)
+        if slo.e2e_s is not None:
+            deadline = min(deadline, item.req.latency_from_s + slo.e2e_s)
+        return deadline
 
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
         emitted = self._emitted.get(request, 1)  # never above `verified`: it is 1 + accepted draft tokens
         if emitted >= request.out_left:  # it finishes this step
             self._tracked.pop(request, None)
+            self._deadlines.pop(request, None)
         return emitted
 
     def _plan_full_trees(self, decoding: list[StepRequest], shape: tuple[int, int], batch: BatchPlan) -> int:
