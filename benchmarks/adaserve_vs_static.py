@@ -2,7 +2,7 @@
 
     python benchmarks/adaserve_vs_static.py [--rates 10 12 14] [--trace-scales 1 0.25] [--widths 1 2 3 4 5 6]
         [--mismatch 0 0.5 1 2] [--overconfidence -2 -1 1 2] [--speed-repeats 5] [--speed-only]
-        [--diagnose [--n-max 2 4] [--strictest-least-predictable]]
+        [--diagnose [--n-max 2 4] [--strictest-least-predictable]] [--vs-fcfs]
 
 For each workload (adaserve-mix at each `--rates` RPS, adaserve-trace replayed at each `--trace-scales`
 time scale: 0.25 = four times as fast) it runs on the same arrivals:
@@ -16,6 +16,8 @@ of requests that met it) and per-category attainment, then the ratios the paper 
 best baseline / AdaServe, AdaServe's goodput / the best baseline's; paper 002: up to 4.3x and 1.9x). Then
 what the draft's mismatch does to AdaServe, and how fast the simulator runs AdaServe (simulated req/s).
 Nothing here tells AdaServe the workload: it sees each request's SLO and its own draft's estimates only.
+`--vs-fcfs` instead runs every shipped profile as shipped (its seed, rate and SLOs) with fcfs, AdaServe and
+AdaServe with `adaserve.must_pay: false` (the behaviour before issue 21), and prints their SLO attainment.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from core.control.adaserve.policy import AdaServePolicy, StaticSpeculationPolicy
 from core.controller_api import Policy
 from core.metrics import summarize
 from core.metrics.summary import percentiles
-from core.profile import Calibration, Profile, load_calibration, load_profile
+from core.profile import PROFILES_DIR, Calibration, Profile, load_calibration, load_profile
 from core.records import Status
 from core.workload import build_load_plan
 
@@ -235,6 +237,26 @@ def diagnose(profile: Profile, n_max_values: list[int], widths: list[int], seed:
     print(f"{'best ' + best.name:<14} {best.violations:>10} {best.goodput_tps:>8.1f}")
 
 
+def attainment(profile: Profile, calibration: Calibration, policy: Callable[[], Policy] | None) -> float:
+    backend = SimBackend(calibration, profile.knobs, seed=profile.seed, policy_factory=policy)
+    records = asyncio.run(backend.run(build_load_plan(profile, seed=profile.seed))).records
+    return summarize(records, slo=profile.slo, smooth=profile.smooth_goodput).slo_attainment
+
+
+def vs_fcfs() -> None:
+    """Issue 21's check: AdaServe against fcfs on every shipped profile, as shipped (the simulator)."""
+    print(f"{'profile':<24} {'fcfs':>7} {'adaserve':>9} {'- fcfs':>7} {'must_pay off':>13} {'- fcfs':>7}")
+    for path in sorted(PROFILES_DIR.glob("*.yaml")):
+        profile = load_profile(path)
+        calibration = load_calibration(profile)
+        before = profile.adaserve.model_copy(update={"must_pay": False})
+        fcfs = attainment(profile, calibration, None)
+        ada = attainment(profile, calibration, partial(AdaServePolicy, profile.adaserve, calibration, profile.seed))
+        off = attainment(profile, calibration, partial(AdaServePolicy, before, calibration, profile.seed))
+        line = f"{path.stem:<24} {fcfs:>7.3f} {ada:>9.3f} {ada - fcfs:>+7.3f} {off:>13.3f} {off - fcfs:>+7.3f}"
+        print(line, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rates", type=float, nargs="+", default=[10.0, 12.0, 14.0])
@@ -254,7 +276,13 @@ def main() -> None:
         action="store_true",
         help="diagnose a mix whose acceptance rates are permuted: the stricter the TPOT SLO, the lower the rate",
     )
+    parser.add_argument(
+        "--vs-fcfs", action="store_true", help="only AdaServe against fcfs on every shipped profile (issue 21)"
+    )
     args = parser.parse_args()
+    if args.vs_fcfs:
+        vs_fcfs()
+        return
     if args.diagnose:
         mix = load_profile("adaserve-mix")
         if args.strictest_least_predictable:

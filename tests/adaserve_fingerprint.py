@@ -22,6 +22,11 @@ CASES: dict[str, tuple[str, float | None, str, bool]] = {
     "mix-12rps-static-3": ("adaserve-mix", 12.0, "static-3", True),
     "trace": ("adaserve-trace", None, "adaserve", True),
     "trace-4x": ("adaserve-trace", 0.25, "adaserve", True),
+    "long-prompt-chat": ("long-prompt-chat", None, "adaserve", True),
+    # `adaserve.must_pay: false` (issue 21's ablation) is the behaviour before it: these keep its digests.
+    "mix-12rps-must-pay-off": ("adaserve-mix", 12.0, "adaserve-must-pay-off", True),
+    "mix-14rps-must-pay-off": ("adaserve-mix", 14.0, "adaserve-must-pay-off", True),
+    "trace-4x-must-pay-off": ("adaserve-trace", 0.25, "adaserve-must-pay-off", True),
 }
 
 
@@ -50,6 +55,9 @@ def fingerprint_case(name: str) -> dict[str, object]:
     def policy() -> Policy:
         if policy_name == "adaserve":
             return AdaServePolicy(profile.adaserve, calibration, seed, shortcut=shortcut)
+        if policy_name == "adaserve-must-pay-off":
+            spec = profile.adaserve.model_copy(update={"must_pay": False})
+            return AdaServePolicy(spec, calibration, seed, shortcut=shortcut)
         return StaticSpeculationPolicy(int(policy_name.split("-")[1]), profile.adaserve, calibration, seed)
 
     backend = SimBackend(calibration, profile.knobs, seed=seed, policy_factory=policy)

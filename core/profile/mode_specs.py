@@ -104,6 +104,11 @@ class AdaServeSpec(Strict):
     # Algorithm 2's SLO-customized phase; false leaves only the throughput-optimized selection (an
     # ablation, as the paper's Fig. 16, which the benchmark reports).
     slo_selection: bool = True
+    # Speculation that cannot pay costs nothing (issue 21): a step that carries a prompt chunk verifies only
+    # the draft tokens that are free beside it (core/control/adaserve/scheduler.py, TreeScheduler.budget), and
+    # a step drafts nothing unless some decoding request would miss its TPOT SLO at one token per step
+    # (policy.py, TreePlanner.plan). False: both ignored, the behaviour before (an ablation).
+    must_pay: bool = True
     # Live (--backend vllm): add eq. 8 as vLLM's batch-size speculation schedule to --speculative-config
     # (num_speculative_tokens_per_batch_size); turn off for a vLLM that does not have that key.
     live_schedule: bool = True

@@ -6,6 +6,11 @@ gives every decoding request a token tree sized to its TPOT SLO (scheduler.TreeS
 vLLM with the token budget the verification leaves, and tells the replica how many tokens each request
 emits, drawn from the token-level model's true acceptance (speculation.py).
 
+Speculation that cannot pay costs nothing (issue 21; `adaserve.must_pay`): a step drafts only when some
+request's TPOT or end-to-end SLO is at stake or queued requests wait for the room decodes hold, and a step
+carrying a prompt chunk verifies only the draft tokens that are free beside it (TreeScheduler.budget).
+Otherwise the step is vLLM's, so on prefill-heavy or SLO-slack traffic AdaServe degrades to fcfs.
+
 `StaticSpeculationPolicy` is the paper's vLLM-Spec(k) baseline on the same token-level model and path, so
 a comparison differs only in how the verification tokens are chosen.
 """
@@ -18,7 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from core.control.adaserve.scheduler import AcceptanceRun, DecodeBatch, StaticScheduler, TreeScheduler, draw_run
+from core.control.adaserve.scheduler import (
+    NO_PREFILL,
+    AcceptanceRun,
+    DecodeBatch,
+    PrefillLoad,
+    StaticScheduler,
+    TreeScheduler,
+    draw_run,
+)
 from core.controller_api import ControlledRequest, Policy
 from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.step_planner_api import BatchPlan, StepReplicaView, StepRequest, plan_fcfs_prefill
@@ -37,6 +50,27 @@ class _Tracked:
     run: AcceptanceRun
 
 
+class StepLengths:
+    """A replica's step lengths as running sums, so the mean of the last k steps costs O(1)."""
+
+    KEEP = 1 << 16  # steps kept (more than any request's output tokens; older ones are dropped in halves)
+
+    def __init__(self) -> None:
+        self.sums = [0.0]  # sums[i]: the first i steps kept, in seconds
+
+    def add(self, seconds: float) -> None:
+        sums = self.sums
+        sums.append(sums[-1] + seconds)
+        if len(sums) > 2 * self.KEEP:
+            del sums[: self.KEEP]
+
+    def mean_of_last(self, k: int) -> float:
+        """Mean length of the last `k` steps (of all there are, when fewer; 0.0 before the first)."""
+        sums = self.sums
+        k = min(k, len(sums) - 1)
+        return (sums[-1] - sums[-1 - k]) / k if k > 0 else 0.0
+
+
 class TreePlanner:
     """A `StepPlanner` (core/step_planner_api.py) around a per-step decode scheduler."""
 
@@ -49,16 +83,30 @@ class TreePlanner:
         self.shortcut = shortcut
         self._tracked: dict[StepRequest, _Tracked] = {}
         self._emitted: dict[StepRequest, int] = {}
+        self._steps = StepLengths()  # the replica's step lengths, for _slo_at_stake
+        self._deadlines: dict[StepRequest, float] = {}  # _deadline of each decoding request, once
+        self._last_plan_s = 0.0  # when the planner last planned a step
 
     def plan(self, replica: StepReplicaView, now: float) -> BatchPlan:
         decoding = replica.decoding
         batch = BatchPlan()
         verified = 0
-        full = self.scheduler.full_tree(len(decoding), replica.kv_used) if decoding and self.shortcut else None
+        prefill = NO_PREFILL
+        if self.scheduler.must_pay:
+            last_step_s, self._last_plan_s = now - self._last_plan_s, now
+            if decoding:
+                # Decoding requests were in the last step, so it ran back to back with this one: no idle gap.
+                self._steps.add(last_step_s)
+                at_stake = self._slo_at_stake(replica, now)
+                if at_stake or replica.waiting:
+                    prefill = self._prefill_load(replica)
+                if not at_stake and not prefill.held_back:
+                    return self._plain_decode(replica, batch)
+        full = self.scheduler.full_tree(len(decoding), replica.kv_used, prefill) if decoding and self.shortcut else None
         if full is not None:
             verified = self._plan_full_trees(decoding, full, batch)
         elif decoding:
-            decision = self.scheduler.step(self._decode_batch(replica, now))
+            decision = self.scheduler.step(self._decode_batch(replica, now, prefill))
             counts = decision.verified.tolist()
             emitted = decision.emitted.tolist()
             batch.decode = list(zip(decoding, counts, strict=True))
@@ -70,10 +118,61 @@ class TreePlanner:
         plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
         return batch
 
+    def _plain_decode(self, replica: StepReplicaView, batch: BatchPlan) -> BatchPlan:
+        """vLLM's step without speculation: one token per decoding request, no draft pass, prefill after."""
+        decoding = replica.decoding
+        batch.decode = [(item, 1) for item in decoding]
+        self._emitted = {}
+        self.scheduler.record(len(decoding), len(decoding), len(decoding))
+        plan_fcfs_prefill(replica, batch, replica.token_budget - len(decoding))
+        return batch
+
+    def _slo_at_stake(self, replica: StepReplicaView, now: float) -> bool:
+        """Whether speculation can pay this step (issue 21): some decoding request would miss its TPOT or
+        end-to-end SLO if it emitted one token per step from here on, one of its `left` steps a full prompt
+        chunk (chunked prefill may schedule one in any step, and a request cruising just inside its SLO would
+        have no slack left to absorb it) and the others as long on average as the replica's last
+        `left` steps were (prefill-heavy ones included: a request that shares steps with long prompts is at
+        stake sooner).
+
+        Draft passes lengthen the step for every request in it and for those arriving during it (their first
+        token waits for it), and the tokens they add buy nothing that counts when every request meets its SLOs
+        without them; then the step runs as vLLM's would. TPOT is (end - first token) / (tokens after the
+        first), as core/metrics scores it; a TTFT SLO is settled before decoding starts."""
+        decoding = replica.decoding
+        spike_s = replica.model.step_time(replica.token_budget, replica.kv_used, 0, len(decoding) + 1)
+        deadlines = self._deadlines
+        sums = self._steps.sums
+        seen = len(sums) - 1
+        busy = sums[-1]
+        for item in decoding:
+            deadline = deadlines.get(item)
+            if deadline is None:
+                deadline = deadlines[item] = self._deadline(item)
+            left = item.out_left
+            k = left if left < seen else seen  # StepLengths.mean_of_last(left), inline (once per request per step)
+            if now + (left - 1) * (busy - sums[-1 - k]) / k + spike_s > deadline:
+                return True
+        return False
+
+    @staticmethod
+    def _deadline(item: StepRequest) -> float:
+        """When its last token must come for the request to meet its SLOs that decoding can still change:
+        TPOT, (end - first token) / (tokens after the first) as core/metrics scores it, and end to end (a TTFT
+        SLO is settled before decoding starts); inf without either."""
+        slo = item.req.spec.slo
+        deadline = math.inf
+        if slo.tpot_s is not None:
+            deadline = item.chunk_times[0] + slo.tpot_s * (item.spec.output_tokens - 1)
+        if slo.e2e_s is not None:
+            deadline = min(deadline, item.req.latency_from_s + slo.e2e_s)
+        return deadline
+
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
         emitted = self._emitted.get(request, 1)  # never above `verified`: it is 1 + accepted draft tokens
         if emitted >= request.out_left:  # it finishes this step
             self._tracked.pop(request, None)
+            self._deadlines.pop(request, None)
         return emitted
 
     def _plan_full_trees(self, decoding: list[StepRequest], shape: tuple[int, int], batch: BatchPlan) -> int:
@@ -113,14 +212,18 @@ class TreePlanner:
         run.next += 1
         return run
 
-    def _decode_batch(self, replica: StepReplicaView, now: float) -> DecodeBatch:
+    def _decode_batch(self, replica: StepReplicaView, now: float, prefill: PrefillLoad) -> DecodeBatch:
         decoding = replica.decoding
         n = len(decoding)
-        budget, spec_steps = self.scheduler.planned(n, replica.kv_used)
+        budget, spec_steps = self.scheduler.planned(n, replica.kv_used, prefill)
         # t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill
-        # that will share the step (what is pending, within what the verification leaves of the budget).
-        prefill = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
-        step_s = replica.model.step_time(budget + prefill, replica.kv_used, spec_steps, n + (prefill > 0))
+        # that will share the step.
+        if self.scheduler.must_pay:
+            prompt, prompts = prefill.tokens, prefill.sequences
+        else:  # what is pending, within what the verification leaves of the budget
+            prompt = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
+            prompts = int(prompt > 0)
+        step_s = replica.model.step_time(budget + prompt, replica.kv_used, spec_steps, n + prompts)
         # Columns as Python lists, each turned into one array (faster than an array of row tuples).
         needs: list[float] = []
         estimates: list[float] = []
@@ -149,6 +252,30 @@ class TreePlanner:
         tpot = item.req.spec.slo.tpot_s
         run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
         return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run)
+
+    @staticmethod
+    def _prefill_load(replica: StepReplicaView) -> PrefillLoad:
+        """The prefill vLLM would put beside this step's decodes at one token each (plan_fcfs_prefill), less the
+        queued requests the KV cache cannot hold yet (the replica admits in order and stops at the first that
+        does not fit: core/sim/stepwise.py)."""
+        scratch = BatchPlan()
+        plan_fcfs_prefill(replica, scratch, replica.token_budget - len(replica.decoding))
+        tokens = sequences = admitted = 0
+        kv_used = replica.kv_used
+        block = replica.block
+        out_of_kv = False
+        for item, chunk in scratch.prefill:
+            if item.admitted_order < 0:  # still queued: admitted only if its prompt's KV fits
+                need = -(-(item.context + item.prompt_left + 1) // block) * block - item.context
+                if kv_used + need > replica.kv_capacity:
+                    out_of_kv = True
+                    break
+                kv_used += need
+                admitted += 1
+            tokens += chunk
+            sequences += 1
+        left_out = len(replica.waiting) > admitted and (out_of_kv or replica.running + admitted >= replica.max_seqs)
+        return PrefillLoad(tokens, sequences, replica.token_budget, left_out)
 
     @staticmethod
     def _prefill_tokens(replica: StepReplicaView, room: int) -> int:

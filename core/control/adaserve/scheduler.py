@@ -30,16 +30,41 @@ from core.profile import AdaServeSpec
 from core.step_time import StepTimeModel
 
 
-def roofline_budget(model: StepTimeModel, context_tokens: float = 0.0, sequences: int = 1) -> int:
+@dataclass(frozen=True, slots=True)
+class PrefillLoad:
+    """The prompt work that shares a step with its decodes: what vLLM's chunked prefill would schedule beside
+    them with no speculation (each decoding request one token), within the step's token budget."""
+
+    tokens: int  # prompt tokens
+    sequences: int  # the requests they belong to
+    token_budget: int  # max_num_batched_tokens: verified tokens and prompt tokens share it
+    # Queued requests the step leaves out for want of a sequence slot or KV cache, which decoding requests
+    # hold until they finish (not for want of token budget).
+    held_back: bool = False
+
+
+NO_PREFILL = PrefillLoad(0, 0, 0)
+
+
+def roofline_budget(
+    model: StepTimeModel,
+    context_tokens: float = 0.0,
+    sequences: int = 1,
+    prefill: PrefillLoad | None = None,
+) -> int:
     """The most tokens one step verifies before its time rises above that of a step verifying one token per
     sequence (the roofline knee, paper 004 sec. 3.1.1's model): below it the step is bound by streaming the
-    weights and reading the KV cache, so extra verified tokens are nearly free. Grows with the context held."""
-    floor = model.step_time(sequences, context_tokens, 0, sequences)
+    weights and reading the KV cache, so extra verified tokens are nearly free. Grows with the context held.
+    With a `prefill` sharing the step, the step without speculation already carries its prompt tokens: only
+    what still fits under that step's time is free, none once the prefill has made the step compute-bound."""
+    prompt = prefill.tokens if prefill is not None else 0
+    batch = sequences + (prefill.sequences if prefill is not None else 0)
+    floor = model.step_time(sequences + prompt, context_tokens, 0, batch)
     knee = math.inf
     for base, per_token, per_ctx, _, per_seq in model.terms:
         if per_token > 0:
-            fixed = base + per_ctx * context_tokens + per_seq * sequences
-            knee = min(knee, (floor - fixed) / per_token)
+            fixed = base + per_ctx * context_tokens + per_seq * batch
+            knee = min(knee, (floor - fixed) / per_token - prompt)
     return sequences if knee == math.inf else max(sequences, int(knee + 1e-9))
 
 
@@ -132,15 +157,32 @@ class TreeScheduler:
         self.draft_tokens = 0
         self.emitted_tokens = 0  # accepted drafts + the verifier's own token
 
-    def budget(self, active: int, context_tokens: float) -> int:
-        """B for this step: the profile's, or the roofline knee at the KV context the batch holds."""
+    @property
+    def must_pay(self) -> bool:
+        """Whether speculation must pay for itself (AdaServeSpec.must_pay): the planner then hands `budget` the
+        prefill sharing each step and drafts only when a request's TPOT SLO is at stake."""
+        return self.spec.must_pay
+
+    def budget(self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL) -> int:
+        """B for this step: the profile's, or the roofline knee at the KV context the batch holds.
+
+        With a prefill in the step (issue 21: speculation that cannot pay must not cost), B is also held to
+        what the step verifies for free beside it: eq. 1's B is a hardware budget (sec. 3, footnote 1), and a
+        step whose prompt chunk has made it compute-bound has no free verification left; nor may verified
+        tokens take max_num_batched_tokens from the prompt (vLLM would have prefilled it), which would
+        lengthen its TTFT by a step for every chunk they displace."""
         if self.spec.budget is not None:
-            return max(self.spec.budget, active)
-        if active != self._budget_active or context_tokens != self._budget_context:
-            # Asked twice a step (full_tree, then planned) with the same batch: computed once.
-            self._budget_active, self._budget_context = active, context_tokens
-            self._budget = roofline_budget(self.model, context_tokens, active)
-        return self._budget
+            budget = max(self.spec.budget, active)
+        else:
+            if active != self._budget_active or context_tokens != self._budget_context:
+                # Asked twice a step (full_tree, then planned) with the same batch: computed once.
+                self._budget_active, self._budget_context = active, context_tokens
+                self._budget = roofline_budget(self.model, context_tokens, active)
+            budget = self._budget
+        if prefill.tokens:
+            free = roofline_budget(self.model, context_tokens, active, prefill)
+            budget = min(budget, free, max(active, prefill.token_budget - prefill.tokens))
+        return budget
 
     def shape(self, active: int, budget: int) -> tuple[int, int]:
         """(d, w) for `active` decoding requests (eqs. 8-9, B1 = this step's budget), memoised."""
@@ -159,15 +201,17 @@ class TreeScheduler:
             )
         return known
 
-    def planned(self, active: int, context_tokens: float) -> tuple[int, int]:
+    def planned(self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL) -> tuple[int, int]:
         """(tokens verified, draft passes) of the coming step; the planner prices it for A(r)'s t_spec."""
-        budget = self.budget(active, context_tokens)
+        budget = self.budget(active, context_tokens, prefill)
         return budget, self.shape(active, budget)[0]
 
-    def full_tree(self, active: int, context_tokens: float) -> tuple[int, int] | None:
+    def full_tree(
+        self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL
+    ) -> tuple[int, int] | None:
         """(d, w) when this step's budget holds every candidate of every request (then the selection is all
         of them, whatever the SLOs and estimates), else None."""
-        budget = self.budget(active, context_tokens)
+        budget = self.budget(active, context_tokens, prefill)
         depth, width = self.shape(active, budget)
         return (depth, width) if budget - active >= active * depth * width else None
 
@@ -228,10 +272,14 @@ class StaticScheduler:
     def describe(self) -> dict[str, float | int]:
         return {"spec_width": self.width}
 
-    def planned(self, active: int, context_tokens: float) -> tuple[int, int]:
+    must_pay = False  # vLLM-Spec(k) drafts every step, its verified tokens taking max_num_batched_tokens as vLLM's
+
+    def planned(self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL) -> tuple[int, int]:
         return active * (self.width + 1), self.width
 
-    def full_tree(self, active: int, context_tokens: float) -> tuple[int, int] | None:
+    def full_tree(
+        self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL
+    ) -> tuple[int, int] | None:
         """A k-chain is the whole candidate tree of a depth-k, width-1 beam search."""
         return (self.width, 1) if self.width > 0 else None
 
