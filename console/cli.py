@@ -88,6 +88,14 @@ def build_gateway_parser() -> argparse.ArgumentParser:
         "--mode", metavar="{" + ",".join(SCHEDULING_MODES) + "}", help="scheduling mode (default: the profile's mode)"
     )
     parser.add_argument("--log-requests", action="store_true", help="print one event per request on stdout")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="tune the per-replica concurrency cap online on the traffic served (fcfs; tune_step events on stdout)",
+    )
+    parser.add_argument(
+        "--max-queue", type=int, default=None, metavar="N", help="with --tune: reject arrivals when N wait (429)"
+    )
     return parser
 
 
@@ -103,8 +111,23 @@ def gateway_main(argv: list[str]) -> int:
             host=args.host,
             mode=args.mode,
             log_requests=args.log_requests,
+            attach=_online_tuning(args.max_queue) if args.tune else None,
         )
     )
+
+
+def _online_tuning(max_queue: int | None):  # type: ignore[no-untyped-def]
+    """The standalone gateway's --tune: the online tuner attached once the gateway serves."""
+    from core.events import to_json_line
+    from core.tune.online_gateway import attach_online_tuner
+
+    def attach(gateway, profile):  # type: ignore[no-untyped-def]
+        def sink(event):  # type: ignore[no-untyped-def]
+            print(to_json_line(event), flush=True)
+
+        return attach_online_tuner(gateway, profile, sink=sink, max_queue=max_queue).stop
+
+    return attach
 
 
 def options_from_args(args: argparse.Namespace, argv: list[str]) -> OperatorOptions:

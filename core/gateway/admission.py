@@ -23,8 +23,18 @@ from typing import Any
 from core.controller_api import ControlledRequest, Policy, Verdict
 from core.events import EventSink, make_event
 from core.profile import Profile, ProfileError
+from core.records import RequestRecord, Status
 
 PolicyFactory = Callable[[str], Policy]
+RecordSink = Callable[[RequestRecord], None]
+
+# A gateway outcome as a request record's status (what core.metrics scores).
+OUTCOME_STATUS = {
+    "completed": Status.OK,
+    "rejected": Status.REJECTED,
+    "deferred": Status.DEFERRED,
+    "failed": Status.ERROR,
+}
 
 REJECTED_BY_MODE = "rejected by the scheduling mode"
 HELD_AT_END = "held when the run ended; never served"
@@ -122,6 +132,9 @@ class AdmissionController:
         self.policy_factory = policy_factory
         self.on_event = on_event
         self.request_events = request_events  # one `gateway_request` event per request to `on_event`
+        # Each ended request as a record on the gateway's clock (`now()`), for whoever scores the traffic
+        # served (the online tuner, core/tune/online_gateway.py); None builds none.
+        self.record_sink: RecordSink | None = None
         self.stats = GatewayStats()
         self.decisions: dict[str, Decision] = {}  # by the caller's request id, when it sent one
         # After `end_arrivals()` (an embedded run's load has been sent) nothing is held any more: a hold
@@ -187,6 +200,8 @@ class AdmissionController:
             self.stats.in_flight -= 1
             self.policy.on_finish(request, now, self.upstreams)
         setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+        if self.record_sink is not None:
+            self.record_sink(self._record(request, outcome, reason, now))
         if client_id is not None:
             self.decisions[client_id] = Decision(
                 outcome, reason, request.tier, request.replica, request.arrival_s, request.dispatched_s
@@ -225,6 +240,11 @@ class AdmissionController:
             self._apply(request, self.policy.on_arrival(request, now, self.upstreams), now)
         settings = policy.describe()
         self._emit("gateway_mode", mode=policy.name, previous=old.name, carried=len(carried), settings=settings)
+        self._pump()
+
+    def policy_changed(self) -> None:
+        """The policy's settings changed in place (the online tuner moved a knob): ask it at once what it
+        releases now. Admitted requests are untouched; the change applies to what it decides from now on."""
         self._pump()
 
     def swap_mode(self, name: str) -> Policy:
@@ -276,6 +296,21 @@ class AdmissionController:
             request.tier = verdict.tier
             if self.arrivals_ended:
                 self._resolve(held, ("defer", HELD_AT_END))
+
+    def _record(self, request: ControlledRequest, outcome: str, reason: str | None, now: float) -> RequestRecord:
+        status = OUTCOME_STATUS[outcome]
+        return RequestRecord.from_spec(
+            request.spec,
+            arrival_s=request.arrival_s,
+            warmup=False,
+            status=status,
+            end_s=None if status is Status.DEFERRED else now,
+            output_tokens=request.tokens_out,
+            error=reason,
+            tier=request.tier,
+            replica=request.replica,
+            dispatched_s=request.dispatched_s,
+        )
 
     def _resolve(self, held: HeldRequest, result: tuple[str, Any]) -> None:
         self._held.pop(held.request.request_id, None)

@@ -1,7 +1,7 @@
 """`slo-console gateway`: the admission gateway as a standalone server any OpenAI client can use.
 
     slo-console gateway --profile saber-w1 --upstream http://127.0.0.1:8000 [--upstream URL ...] \
-        --port 9000 [--host 127.0.0.1] [--mode saber]
+        --port 9000 [--host 127.0.0.1] [--mode saber] [--tune [--max-queue N]]
 
 Startup checks each upstream (GET /v1/models) and binds the port; it then serves until SIGTERM or Ctrl-C,
 when requests still held are answered `deferred` and those at an upstream may finish. Events (start, mode
@@ -16,6 +16,7 @@ import contextlib
 import gc
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -23,7 +24,11 @@ from core.events import Event, to_json_line
 from core.exit_codes import ExitCode
 from core.gateway.server import Gateway, GatewayError, policy_factory_for
 from core.gateway.upstream import probe_upstreams
-from core.profile import ProfileError, SchedulingMode, load_profile, parse_scheduling_mode
+from core.profile import Profile, ProfileError, SchedulingMode, load_profile, parse_scheduling_mode
+
+# Something the caller runs on the gateway once it serves (the online tuner, core/tune/online_gateway.py, which
+# sits in a layer above the gateway): it returns the coroutine function that stops it, or raises ProfileError.
+GatewayAttachment = Callable[[Gateway, Profile], Callable[[], Awaitable[None]]]
 
 
 @dataclass(slots=True)
@@ -34,6 +39,7 @@ class GatewayArgs:
     host: str = "127.0.0.1"
     mode: SchedulingMode | None = None  # None: the profile's mode
     log_requests: bool = False
+    attach: GatewayAttachment | None = None
 
 
 def _check_url(url: str) -> str | None:
@@ -107,6 +113,14 @@ async def _serve(args: GatewayArgs) -> int:
     except GatewayError as exc:
         print(f"slo-console gateway: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    detach: Callable[[], Awaitable[None]] | None = None
+    if args.attach is not None:
+        try:
+            detach = args.attach(gateway, profile)
+        except ProfileError as exc:
+            await gateway.stop()
+            print(f"slo-console gateway: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
     settle_heap()
     loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
     serving = f"serving on {url} (mode {policy.name}, {loop_name} loop)"
@@ -119,5 +133,7 @@ async def _serve(args: GatewayArgs) -> int:
     try:
         code = await stopped
     finally:
+        if detach is not None:
+            await detach()
         await gateway.stop()
     return code

@@ -50,6 +50,7 @@ from core.tune.score import FAILED_SCORE, Segment, score
 
 ONLINE_ALGORITHM = "online"
 SETTLE_QUANTILE = 90
+MAX_HOLD_DOUBLINGS = 3  # the hold after quiet rounds grows to at most 8 x hold_windows
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,20 @@ class Window:
     settle_s: float  # the 90th percentile of its completed requests' latency (0 when none completed)
 
 
+def online_space(profile: Profile) -> KnobSpace:
+    """The knobs the gateway owns: only the concurrency cap moves, within the profile's tuner bounds and step
+    (max_num_seqs and speculation are the server's: pinned to the profile's values, no neighbour changes them)."""
+    knobs = profile.knobs
+    spec = profile.tuner.model_copy(
+        update={
+            "max_num_seqs_bounds": (knobs.max_num_seqs, knobs.max_num_seqs),
+            "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
+            "spec_toggle": False,
+        }
+    )
+    return KnobSpace(spec, open_loop=False)
+
+
 def pooled(windows: list[Window]) -> tuple[float, float]:
     """Mean score of windows of one point and its standard error (independent windows)."""
     scores = [w.segment.score for w in windows]
@@ -117,6 +132,7 @@ class OnlineTuner:
     _window_start_s: float = field(init=False, default=0.0)
     _pending: list[Point] = field(init=False, default_factory=list)  # neighbours not yet tried this round
     _hold_left: int = field(init=False, default=0)
+    _quiet_rounds: int = field(init=False, default=0)  # rounds in a row in which no neighbour won
     _incumbent_windows: list[Window] = field(init=False, default_factory=list)  # of the comparison under way
     _trial_windows: list[Window] = field(init=False, default_factory=list)
 
@@ -282,13 +298,17 @@ class OnlineTuner:
             self.incumbent = trial.point
             self.incumbent_window = trial
             self._incumbent_windows = [trial]
+            self._quiet_rounds = 0
             # Onward from the new incumbent; the point it came from was just measured worse.
             self._pending = [n for n in self.space.neighbours(self.incumbent) if n != came_from]
             self.current = self._pending.pop(0) if self._pending else self.incumbent
         else:
             self.current = self.incumbent  # the rollback: the next window re-measures the incumbent
             if not self._pending:
-                self._hold_left = self.settings.hold_windows
+                # A round in which no neighbour won: hold the incumbent, longer after each such round in a row
+                # (converged: trials cost the users served during them), until the next round probes again.
+                self._quiet_rounds += 1
+                self._hold_left = self.settings.hold_windows * 2 ** min(self._quiet_rounds - 1, MAX_HOLD_DOUBLINGS)
         self._emit(record, noise, trial)
 
     def _emit(self, record: StepRecord, noise: float, trial: Window) -> None:

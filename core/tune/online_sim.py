@@ -18,8 +18,8 @@ from core.metrics import Summary, summarize
 from core.profile import Calibration, Profile
 from core.records import RequestRecord
 from core.sim.engine import SimEngine
-from core.tune.knobspace import KnobSpace, Point
-from core.tune.online import OnlineSettings, OnlineTuner
+from core.tune.knobspace import Point
+from core.tune.online import OnlineSettings, OnlineTuner, online_space
 from core.workload import build_load_plan
 
 POLL_INTERVAL_S = 1.0  # how often (virtual seconds) the tuner is asked, as the gateway's timer asks it
@@ -31,20 +31,6 @@ class OnlineSimRun:
     records: list[RequestRecord]
     end_s: float
     caps: list[tuple[float, int]]  # (virtual time, cap) at every change, the start included
-
-
-def online_space(profile: Profile) -> KnobSpace:
-    """The knobs the gateway owns: only the concurrency cap moves (max_num_seqs and speculation are the
-    server's; their bounds are pinned to the profile's values so no neighbour changes them)."""
-    knobs = profile.knobs
-    spec = profile.tuner.model_copy(
-        update={
-            "max_num_seqs_bounds": (knobs.max_num_seqs, knobs.max_num_seqs),
-            "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
-            "spec_toggle": False,
-        }
-    )
-    return KnobSpace(spec, open_loop=False)
 
 
 def _plan(profile: Profile, seed: int, duration_s: float):  # type: ignore[no-untyped-def]
@@ -85,7 +71,13 @@ def run_online(
 
 
 def run_static(
-    profile: Profile, calibration: Calibration, cap: int, *, duration_s: float, seed: int = 0, max_queue: int | None = None
+    profile: Profile,
+    calibration: Calibration,
+    cap: int,
+    *,
+    duration_s: float,
+    seed: int = 0,
+    max_queue: int | None = None,
 ) -> list[RequestRecord]:
     """The same load at one fixed cap."""
     policy = ConcurrencyCapPolicy(cap, max_queue)
