@@ -96,11 +96,24 @@ def build_gateway_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--max-queue", type=int, default=None, metavar="N", help="with --tune: reject arrivals when N wait (429)"
     )
+    parser.add_argument(
+        "--tune-window",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("REQUESTS", "SECONDS"),
+        help="with --tune: a window ends after at least REQUESTS ended requests and SECONDS (default 200 60)",
+    )
     return parser
 
 
 def gateway_main(argv: list[str]) -> int:
-    args = build_gateway_parser().parse_args(argv)
+    parser = build_gateway_parser()
+    args = parser.parse_args(argv)
+    try:
+        attach = _online_tuning(args.max_queue, args.tune_window) if args.tune else None
+    except ValueError as exc:
+        parser.error(f"--tune-window: {exc}")
     from core.gateway.standalone import GatewayArgs, run_gateway
 
     return run_gateway(
@@ -111,21 +124,26 @@ def gateway_main(argv: list[str]) -> int:
             host=args.host,
             mode=args.mode,
             log_requests=args.log_requests,
-            attach=_online_tuning(args.max_queue) if args.tune else None,
+            attach=attach,
         )
     )
 
 
-def _online_tuning(max_queue: int | None):  # type: ignore[no-untyped-def]
+def _online_tuning(max_queue: int | None, window: list[float] | None):  # type: ignore[no-untyped-def]
     """The standalone gateway's --tune: the online tuner attached once the gateway serves."""
     from core.events import to_json_line
+    from core.tune.online import OnlineSettings
     from core.tune.online_gateway import attach_online_tuner
+
+    settings = (
+        OnlineSettings() if window is None else OnlineSettings(window_requests=int(window[0]), window_s=window[1])
+    )
 
     def attach(gateway, profile):  # type: ignore[no-untyped-def]
         def sink(event):  # type: ignore[no-untyped-def]
             print(to_json_line(event), flush=True)
 
-        return attach_online_tuner(gateway, profile, sink=sink, max_queue=max_queue).stop
+        return attach_online_tuner(gateway, profile, settings=settings, sink=sink, max_queue=max_queue).stop
 
     return attach
 

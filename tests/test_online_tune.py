@@ -129,7 +129,8 @@ def test_the_gateway_tuner_scores_served_requests_and_stops_cleanly() -> None:
             async with aiohttp.ClientSession() as session:
                 for _ in range(3):
                     await asyncio.gather(*(post(session, gateway.base_url, completion()) for _ in range(12)))
-                    tuning.poll()
+            await asyncio.sleep(0.6)  # the window's minimum duration has passed on the gateway's clock
+            tuning.poll()
             await tuning.stop()
             assert gateway.record_sink is None
             assert tuning.tuner.windows, "a window of served requests was scored"
