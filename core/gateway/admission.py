@@ -89,6 +89,8 @@ class Upstream:
     url: str
     in_flight: dict[int, ControlledRequest] = field(default_factory=dict)
     served: int = 0
+    # Retired (a replica swap): it gets nothing new; what it serves finishes there (`retire_upstream`).
+    retired: bool = False
 
     @property
     def load(self) -> int:
@@ -127,6 +129,9 @@ class AdmissionController:
         request_events: bool = True,
     ) -> None:
         self.upstreams = [Upstream(i, url.rstrip("/")) for i, url in enumerate(upstreams)]
+        # What the policy routes among: the upstreams not retired (all of them unless a replica was swapped).
+        # Indices stay those of `upstreams`, so a request's `replica` names its upstream for good.
+        self.routable: list[Upstream] = list(self.upstreams)
         self.policy = policy
         self.profile = profile
         self.policy_factory = policy_factory
@@ -156,7 +161,7 @@ class AdmissionController:
         `request.arrival_s` may lie before now (the client's send time, when it said): its deadline counts
         from there."""
         now = max(request.arrival_s, self.now())
-        verdict = self.policy.on_arrival(request, now, self.upstreams)
+        verdict = self.policy.on_arrival(request, now, self.routable)
         if verdict.action == "reject":
             reason = verdict.reason or REJECTED_BY_MODE
             self.finish(request, "rejected", reason, client_id)
@@ -198,7 +203,7 @@ class AdmissionController:
             del upstream.in_flight[request.request_id]
             upstream.served += 1
             self.stats.in_flight -= 1
-            self.policy.on_finish(request, now, self.upstreams)
+            self.policy.on_finish(request, now, self.routable)
         setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
         if self.record_sink is not None:
             self.record_sink(self._record(request, outcome, reason, now))
@@ -237,10 +242,29 @@ class AdmissionController:
         self.stats.policy_swaps += 1
         now = self.now()
         for request in carried:
-            self._apply(request, self.policy.on_arrival(request, now, self.upstreams), now)
+            self._apply(request, self.policy.on_arrival(request, now, self.routable), now)
         settings = policy.describe()
         self._emit("gateway_mode", mode=policy.name, previous=old.name, carried=len(carried), settings=settings)
         self._pump()
+
+    def add_upstream(self, url: str) -> Upstream:
+        """A new upstream (a replica swap's new server, already serving): routed to from now on."""
+        upstream = Upstream(len(self.upstreams), url.rstrip("/"))
+        self.upstreams.append(upstream)
+        self.routable.append(upstream)
+        self._emit("gateway_upstream", url=upstream.url, index=upstream.index, change="added")
+        self._pump()
+        return upstream
+
+    def retire_upstream(self, index: int) -> None:
+        """Route nothing new to upstream `index`; what it serves finishes there (a replica swap drains it). The
+        policy no longer sees it: requests it already released there end through `finish` as ever."""
+        upstream = self.upstreams[index]
+        if len(self.routable) == 1 and self.routable[0] is upstream:
+            raise ValueError("cannot retire the last routable upstream: add its replacement first")
+        upstream.retired = True
+        self.routable = [u for u in self.routable if u is not upstream]
+        self._emit("gateway_upstream", url=upstream.url, index=index, change="retired", in_flight=upstream.load)
 
     def policy_changed(self) -> None:
         """The policy's settings changed in place (the online tuner moved a knob): ask it at once what it
@@ -260,7 +284,9 @@ class AdmissionController:
             "mode": self.policy.name,
             **self.stats.as_dict(),
             "accounted": self.stats.accounted(),
-            "upstreams": [{"url": u.url, "load": u.load, "served": u.served} for u in self.upstreams],
+            "upstreams": [
+                {"url": u.url, "load": u.load, "served": u.served, "retired": u.retired} for u in self.upstreams
+            ],
         }
 
     async def settle(self, timeout_s: float) -> bool:
@@ -330,10 +356,10 @@ class AdmissionController:
         if self.policy.passthrough and not self._held and self._timer is None:
             return  # fcfs-like: it releases on arrival and never holds, so there is nothing to ask
         now = self.now()
-        for release in self.policy.release(now, self.upstreams):
+        for release in self.policy.release(now, self.routable):
             held = self._held.get(release.request.request_id)
             if held is None:  # its client hung up while it waited: it never reaches an upstream
-                self.policy.on_finish(release.request, now, self.upstreams)
+                self.policy.on_finish(release.request, now, self.routable)
                 continue
             self._dispatch(release.request, release.replica, release.request.tier, now)
             self._resolve(held, ("release", release.replica))
