@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from core.exit_codes import EXIT_CODES_HELP, ExitCode
 from core.job_registry import JOBS
@@ -77,10 +78,16 @@ def build_gateway_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--upstream",
         action="append",
-        required=True,
+        default=[],
         dest="upstreams",
         metavar="URL",
         help="base URL of a running OpenAI-compatible server; repeat for several replicas",
+    )
+    parser.add_argument(
+        "--launch",
+        action="store_true",
+        help="start and own a vLLM from the profile's server: section instead of --upstream (with --tune, "
+        "max_num_seqs is tuned too, by replica swap)",
     )
     parser.add_argument("--port", type=int, required=True, help="port to listen on (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -110,8 +117,11 @@ def build_gateway_parser() -> argparse.ArgumentParser:
 def gateway_main(argv: list[str]) -> int:
     parser = build_gateway_parser()
     args = parser.parse_args(argv)
+    if bool(args.upstreams) == args.launch:
+        parser.error("give either --upstream URL (repeatable) or --launch")
+    launched: dict[str, Any] = {}
     try:
-        attach = _online_tuning(args.max_queue, args.tune_window) if args.tune else None
+        attach = _online_tuning(args.max_queue, args.tune_window, launched) if args.tune else None
     except ValueError as exc:
         parser.error(f"--tune-window: {exc}")
     from core.gateway.standalone import GatewayArgs, run_gateway
@@ -125,13 +135,35 @@ def gateway_main(argv: list[str]) -> int:
             mode=args.mode,
             log_requests=args.log_requests,
             attach=attach,
+            launch=_launcher(launched) if args.launch else None,
         )
     )
 
 
-def _online_tuning(max_queue: int | None, window: list[float] | None):  # type: ignore[no-untyped-def]
-    """The standalone gateway's --tune: the online tuner attached once the gateway serves."""
+def _print_json_line(event: dict[str, Any]) -> None:
     from core.events import to_json_line
+
+    print(to_json_line(event), flush=True)
+
+
+def _launcher(launched: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The standalone gateway's --launch: one vLLM from the profile, kept in `launched` for --tune's swaps."""
+    from core.backends.launched_replicas import LaunchedReplicas
+
+    async def launch(profile):  # type: ignore[no-untyped-def]
+        replicas = launched["replicas"] = LaunchedReplicas(profile, sink=_print_json_line)
+        try:
+            url = await replicas.start_first()
+        except BaseException:
+            await replicas.close()
+            raise
+        return [url], replicas.close
+
+    return launch
+
+
+def _online_tuning(max_queue: int | None, window: list[float] | None, launched: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The standalone gateway's --tune: the online tuner attached once the gateway serves."""
     from core.tune.online import OnlineSettings
     from core.tune.online_gateway import attach_online_tuner
 
@@ -140,10 +172,15 @@ def _online_tuning(max_queue: int | None, window: list[float] | None):  # type: 
     )
 
     def attach(gateway, profile):  # type: ignore[no-untyped-def]
-        def sink(event):  # type: ignore[no-untyped-def]
-            print(to_json_line(event), flush=True)
-
-        return attach_online_tuner(gateway, profile, settings=settings, sink=sink, max_queue=max_queue).stop
+        tuning = attach_online_tuner(
+            gateway,
+            profile,
+            settings=settings,
+            sink=_print_json_line,
+            max_queue=max_queue,
+            replicas=launched.get("replicas"),
+        )
+        return tuning.stop
 
     return attach
 

@@ -85,9 +85,7 @@ def tuned_spread(result: TuneResult) -> TuningSpread | None:
     if tuned is None:
         return None
     takes: list[Segment] = [
-        s
-        for s in result.history
-        if s.point.config_key == tuned.point.config_key and s.measure_fraction == 1.0 and s.ok
+        s for s in result.history if s.point.config_key == tuned.point.config_key and s.measure_fraction == 1.0 and s.ok
     ] or [tuned]
     return TuningSpread(
         measurements=len(takes),
@@ -240,9 +238,7 @@ def compare_factsheet(
                 compare=section,
             )
         )
-    return factsheet_for_run(
-        run, command_line, job="compare", headline=compare_headline(result), compare=section
-    )
+    return factsheet_for_run(run, command_line, job="compare", headline=compare_headline(result), compare=section)
 
 
 # ---------------------------------------------------------------- capacity

@@ -28,6 +28,4 @@ def parse_scheduling_mode(name: str, where: str = "--mode") -> SchedulingMode:
             return mode
     near = difflib.get_close_matches(name, SCHEDULING_MODES, n=1)
     hint = f"did you mean {near[0]}? " if near else ""
-    raise ProfileError(
-        f"{where} {name!r} is not a scheduling mode; {hint}choose one of: {', '.join(SCHEDULING_MODES)}"
-    )
+    raise ProfileError(f"{where} {name!r} is not a scheduling mode; {hint}choose one of: {', '.join(SCHEDULING_MODES)}")

@@ -89,17 +89,18 @@ class Window:
     settle_s: float  # the 90th percentile of its completed requests' latency (0 when none completed)
 
 
-def online_space(profile: Profile) -> KnobSpace:
-    """The knobs the gateway owns: only the concurrency cap moves, within the profile's tuner bounds and step
-    (max_num_seqs and speculation are the server's: pinned to the profile's values, no neighbour changes them)."""
+def online_space(profile: Profile, *, server_flags: bool = False) -> KnobSpace:
+    """The knobs the gateway owns: the concurrency cap, within the profile's tuner bounds and step; with
+    `server_flags` (the gateway launched its servers, so it can swap one for another) max_num_seqs too.
+    Otherwise max_num_seqs, and speculation always, are pinned to the profile's values (no neighbour moves them)."""
     knobs = profile.knobs
-    spec = profile.tuner.model_copy(
-        update={
-            "max_num_seqs_bounds": (knobs.max_num_seqs, knobs.max_num_seqs),
-            "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
-            "spec_toggle": False,
-        }
-    )
+    update: dict[str, Any] = {
+        "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
+        "spec_toggle": False,
+    }
+    if not server_flags:
+        update["max_num_seqs_bounds"] = (knobs.max_num_seqs, knobs.max_num_seqs)
+    spec = profile.tuner.model_copy(update=update)
     return KnobSpace(spec, open_loop=False)
 
 
@@ -175,6 +176,29 @@ class OnlineTuner:
             self._after_trial_window(window)
         self._start_window(now, window)
         return None if self.current == before else self.current
+
+    def restart_window(self, now: float) -> None:
+        """Start the window afresh at `now` (what ended before is dropped): after a replica swap, whose
+        requests ran on the old server."""
+        self._records.clear()
+        self._window_start_s = now
+
+    def trial_failed(self, now: float, error: str) -> Point | None:
+        """The trial's point could not be put in force (its server did not start): it scores as failed, is
+        rolled back, and the next window starts at `now`. Returns the point to run (the incumbent)."""
+        segment = Segment(
+            key=f"{ONLINE_ALGORITHM}:{len(self.windows)}:failed",
+            point=self.current,
+            phase=ONLINE_ALGORITHM,
+            step=len(self.steps) + 1,
+            score=FAILED_SCORE,
+            error=error,
+        )
+        window = Window(len(self.windows), self.current, segment, math.inf, math.inf, now, now, 0.0)
+        self.windows.append(window)
+        self._after_trial_window(window)
+        self.restart_window(now)
+        return self.current
 
     # ------------------------------------------------------------------ windows
 

@@ -7,8 +7,10 @@ from then on (`set_cap`, then `policy_changed`): a request already at an upstrea
 queue keeps its order, so a knob change never drops, fails or reorders an admitted request. Each decision
 is a `tune_step` event on the gateway's event stream (JSON Lines on stdout in the standalone gateway).
 
-Only the cap is tuned online today; the other modes' own knobs (SABER's window, SLOs-Serve's burst budget)
-and the server's flags (max_num_seqs, by replica swap) are not (docs/gateway.md, "online tuning").
+With `--launch` (the gateway started its vLLM, core/backends/launched_replicas.py) max_num_seqs is tuned
+too: a trial with another max_num_seqs is a replica swap, and its window starts once the old server has
+drained and stopped. The other modes' own knobs (SABER's window, SLOs-Serve's burst budget) are not tuned
+online yet (docs/gateway.md, "online tuning").
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import asyncio
 import contextlib
 from dataclasses import dataclass
 
+from core.backends.launched_replicas import LaunchedReplicas
 from core.control.concurrency_cap import ConcurrencyCapPolicy
 from core.events import EventSink
 from core.gateway.admission import AdmissionController
-from core.profile import Profile, ProfileError
+from core.profile import KnobsSpec, Profile, ProfileError
 from core.tune.knobspace import KnobSpace, Point
 from core.tune.online import OnlineSettings, OnlineTuner, online_space
 
@@ -41,13 +44,37 @@ class OnlineGatewayTuning:
     tuner: OnlineTuner
     policy: ConcurrencyCapPolicy
     gateway: AdmissionController
+    replicas: LaunchedReplicas | None = None  # --launch: max_num_seqs moves too, by replica swap
     task: asyncio.Task[None] | None = None
+    swap: asyncio.Task[None] | None = None
 
     def poll(self) -> None:
+        if self.swap is not None:
+            return  # a replica swap is under way: no window runs until it is done
         change = self.tuner.poll(self.gateway.now())
-        if change is not None:
-            self.policy.set_cap(change.concurrency)
-            self.gateway.policy_changed()
+        if change is None:
+            return
+        self.policy.set_cap(change.concurrency)
+        self.gateway.policy_changed()
+        if self.replicas is not None:
+            knobs = self.replicas.current_knobs(self.gateway)
+            if knobs.max_num_seqs != change.max_num_seqs:
+                new = knobs.model_copy(update={"max_num_seqs": change.max_num_seqs})
+                self.swap = asyncio.get_running_loop().create_task(self._swap(new))
+
+    async def _swap(self, knobs: KnobsSpec) -> None:
+        assert self.replicas is not None
+        try:
+            await self.replicas.swap(self.gateway, knobs)
+        except Exception as exc:  # the new server did not start: the old one still serves; roll the trial back
+            point = self.tuner.trial_failed(self.gateway.now(), f"replica swap failed: {exc}")
+            if point is not None:
+                self.policy.set_cap(point.concurrency)
+                self.gateway.policy_changed()
+        else:
+            self.tuner.restart_window(self.gateway.now())
+        finally:
+            self.swap = None
 
     async def _run(self) -> None:
         while True:
@@ -56,6 +83,10 @@ class OnlineGatewayTuning:
 
     async def stop(self) -> None:
         self.gateway.record_sink = None
+        if self.swap is not None:
+            self.swap.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.swap
         if self.task is not None:
             self.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -71,6 +102,7 @@ def attach_online_tuner(
     sink: EventSink | None = None,
     max_queue: int | None = None,
     start: Point | None = None,
+    replicas: LaunchedReplicas | None = None,
 ) -> OnlineGatewayTuning:
     """Put the gateway under online tuning (call on its running loop, before traffic or during it): the mode
     becomes fcfs behind the cap the tuner moves. Only fcfs can be tuned online today."""
@@ -79,13 +111,13 @@ def attach_online_tuner(
             f"--tune tunes the gateway's concurrency cap in front of fcfs; mode {gateway.policy.name!r} has knobs "
             "the online tuner does not move yet: use --mode fcfs"
         )
-    space = online_space(profile)
+    space = online_space(profile, server_flags=replicas is not None)
     point = start or start_point(profile, space)
     policy = ConcurrencyCapPolicy(point.concurrency, max_queue)
     gateway.swap_policy(policy)
     tuner = OnlineTuner(space, point, profile, settings or OnlineSettings(), sink=sink, world="live")
     tuner.begin(gateway.now())
     gateway.record_sink = tuner.observe
-    tuning = OnlineGatewayTuning(tuner, policy, gateway)
+    tuning = OnlineGatewayTuning(tuner, policy, gateway, replicas)
     tuning.task = asyncio.get_running_loop().create_task(tuning._run())
     return tuning
