@@ -11,20 +11,21 @@ and answers the knob point to run from now on (or None: keep what runs).
 
 The climb, one trial at a time. Algorithm 1 measures the current point K and every neighbour N(K)
 (`KnobSpace.neighbours`: the same +-step moves) in one step; online, every measurement costs real users
-their latency, so a trial is one neighbour for one window and the incumbent is measured again between
-trials (a fresh baseline: the traffic drifts, and the comparison is then between two adjacent windows).
-After a trial window, Algorithm 1's move rule (`move_decision`) decides, with the gain it needs raised to
-the noise the windows measured: a trial that scores higher beyond the noise becomes the incumbent; one
-that scores lower beyond the noise is rolled back; one within the noise is rolled back too (the incumbent
-is kept: nothing showed the trial is better). When every neighbour of the incumbent has failed in turn,
-the incumbent is held for `hold_windows` windows before the next round of trials (the load may have
-changed; the neighbours are tried again). The incumbent is always known (`incumbent`).
+their latency, so a trial is one neighbour for one window, compared with a window of the incumbent just
+before it (the traffic drifts; adjacent windows see the same load). After a trial window, Algorithm 1's
+move rule (`move_decision`) decides, with the gain it needs raised to the noise the windows measured:
+- a trial that scores higher beyond the noise becomes the incumbent, and the climb goes on from it;
+- one that scores lower beyond the noise is rolled back at once;
+- one inside the noise is measured again, incumbent then trial, up to `max_pairs` pairs pooled; still
+  inside the noise, it is rolled back (nothing showed it is better) and the windows double, up to
+  `max_window_requests`: they were too short for the differences this surface has.
+When every neighbour of the incumbent has failed in turn, the incumbent is held for `hold_windows`
+windows (doubling with each such round in a row) before the next round: the load may change. The
+incumbent is always known (`incumbent`).
 
-Noise. A window's score is also scored on `batches` consecutive slices of its requests (batch means); the
-standard error of the window's score is their spread / sqrt(batches). Two windows differ beyond the noise
-when their scores differ by more than `z` standard errors of the difference. A window whose goodput has a
-relative standard error above `max_relative_noise` doubles the length of the windows that follow (up to
-`max_window_requests`): the window is made long enough for the noise it measures.
+Noise. A window is also scored on `batches` consecutive slices of its requests (batch means); the standard
+error of the window's score is their spread / sqrt(batches). Two points differ beyond the noise when their
+(pooled) scores differ by more than `z` standard errors of the difference.
 
 Settling. Requests admitted under the previous setting finish after a switch; the window starts
 `settle` later: the 90th percentile of the previous window's latency (most of those requests have ended by
@@ -83,7 +84,6 @@ class Window:
     point: Point
     segment: Segment
     score_se: float
-    goodput_se: float
     start_s: float
     end_s: float
     settle_s: float  # the 90th percentile of its completed requests' latency (0 when none completed)
@@ -194,7 +194,7 @@ class OnlineTuner:
             score=FAILED_SCORE,
             error=error,
         )
-        window = Window(len(self.windows), self.current, segment, math.inf, math.inf, now, now, 0.0)
+        window = Window(len(self.windows), self.current, segment, math.inf, now, now, 0.0)
         self.windows.append(window)
         self._after_trial_window(window)
         self.restart_window(now)
@@ -207,13 +207,11 @@ class OnlineTuner:
         self._records.clear()
         summary = self._summarize(records, now - self._window_start_s)
         window_score = self._score(summary)
-        scores, goodputs = self._batch_scores(records, now)
-        root_b = math.sqrt(len(scores))
-        score_se = float(np.std(scores, ddof=1)) / root_b if np.isfinite(scores).all() else math.inf
-        goodput_se = float(np.std(goodputs, ddof=1)) / root_b
+        scores = self._batch_scores(records, now)
+        score_se = float(np.std(scores, ddof=1)) / math.sqrt(len(scores)) if np.isfinite(scores).all() else math.inf
         index = len(self.windows)
         segment = Segment(
-            key=f"{ONLINE_ALGORITHM}:{index}:c{self.current.concurrency or 'inf'}",
+            key=f"{ONLINE_ALGORITHM}:{index}:c{self.current.concurrency or 'inf'}-s{self.current.max_num_seqs}",
             point=self.current,
             phase=ONLINE_ALGORITHM,
             step=len(self.steps) + 1,
@@ -231,7 +229,7 @@ class OnlineTuner:
         )
         e2e = [r.e2e_s for r in records if r.ok and r.e2e_s is not None]
         settle = float(np.percentile(e2e, SETTLE_QUANTILE)) if e2e else 0.0
-        window = Window(index, self.current, segment, score_se, goodput_se, self._window_start_s, now, settle)
+        window = Window(index, self.current, segment, score_se, self._window_start_s, now, settle)
         self.windows.append(window)
         return window
 
@@ -249,20 +247,19 @@ class OnlineTuner:
             return FAILED_SCORE
         return score(summary.goodput_rps, summary.p99_s, self.slo_s, self.current, self.spec, "live")
 
-    def _batch_scores(self, records: list[RequestRecord], now: float) -> tuple[np.ndarray, np.ndarray]:
-        """Eq. 3 and goodput on `batches` consecutive slices of the window (by end time): batch means."""
+    def _batch_scores(self, records: list[RequestRecord], now: float) -> np.ndarray:
+        """Eq. 3 on `batches` consecutive slices of the window (by end time): batch means."""
         ordered = sorted(records, key=lambda r: r.end_s or 0.0)
         edges = np.linspace(0, len(ordered), self.settings.batches + 1).astype(int)
-        scores, goodputs = [], []
+        scores = []
         start = self._window_start_s
         for b in range(self.settings.batches):
             chunk = ordered[edges[b] : edges[b + 1]]
             end = now if b == self.settings.batches - 1 else float(chunk[-1].end_s or now)
             summary = self._summarize(chunk, max(end - start, 1e-9))
             scores.append(self._score(summary))
-            goodputs.append(summary.goodput_rps)
             start = end
-        return np.asarray(scores, dtype=float), np.asarray(goodputs, dtype=float)
+        return np.asarray(scores, dtype=float)
 
     # ------------------------------------------------------------------ decisions
 
