@@ -164,3 +164,25 @@ def test_online_cap_converges_within_10_percent_of_the_best_static_cap_on_saber_
     best = max(static.values())
     assert static[8] < 0.1 * best  # the start is far from the best: the tuner had to climb
     assert online >= 0.9 * best, (online, static, run.caps[-5:])
+
+
+def test_with_launched_servers_max_num_seqs_is_a_knob_and_a_failed_swap_rolls_the_trial_back() -> None:
+    profile = _profile(concurrency_bounds=(4, 12), concurrency_step=4, max_num_seqs_bounds=(4, 16), max_num_seqs_step=4)
+    pinned = {(n.concurrency, n.max_num_seqs) for n in online_space(profile).neighbours(Point(8, 64, 0, False))}
+    assert pinned == {(4, 64), (12, 64)}  # without --launch the server's flags (saber-w1: 64) stay as they are
+    space = online_space(profile, server_flags=True)
+    assert {(n.concurrency, n.max_num_seqs) for n in space.neighbours(Point(8, 8, 0, False))} == {
+        (4, 8),
+        (12, 8),
+        (8, 4),
+        (8, 12),
+    }
+    events: list[dict[str, Any]] = []
+    tuner = OnlineTuner(space, Point(8, 8, 0, False), profile, SMALL, sink=events.append)
+    tuner.begin(0.0)
+    _drive(tuner, {4: 2.0, 8: 2.0, 12: 2.0}, seconds=7)  # one window at the incumbent: the first trial is in force
+    trial = tuner.current
+    assert trial != tuner.incumbent
+    assert tuner.trial_failed(100.0, "replica swap failed: vLLM did not start") == Point(8, 8, 0, False)
+    assert tuner.incumbent == Point(8, 8, 0, False) and events[-1]["best_neighbour"] == trial.as_dict()
+    assert not events[-1]["moved"] and events[-1]["reason"].startswith("rolled back")
