@@ -2,7 +2,7 @@
 
 saber-w1's mix at 3 req/s, the gateway's queue bounded at 16, the cap over 4..64 in steps of 8 starting at
 8; each seed's load is served once behind the online tuner and once per static cap of the grid, and
-goodput is taken over the second half of the run (the "final windows"). Settings of the tuner are its
+goodput is taken over the last half and the last quarter of the run (the "final windows"). Settings of the tuner are its
 defaults, except `--z` to compare the noise threshold.
 
     python benchmarks/online_tune_sim.py --seeds 0 1 2 --z 1 2
@@ -18,13 +18,14 @@ from core.tune.online import OnlineSettings
 from core.tune.online_sim import goodput_between, run_online, run_static
 
 RATE_RPS, QUEUE, START_CAP, DURATION_S = 3.0, 16, 8, 20000.0
-GRID = range(8, 65, 8)
+FINAL_SHARES = (0.5, 0.25)  # goodput over the last half and the last quarter of the run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--z", type=float, nargs="+", default=[OnlineSettings().z])
+    parser.add_argument("--grid-step", type=int, default=8, help="static caps 8, 8 + step, ... 64")
     args = parser.parse_args()
     base = load_profile("saber-w1")
     workload = base.workload.model_copy(
@@ -33,16 +34,14 @@ def main() -> None:
     tuner = base.tuner.model_copy(update={"concurrency_bounds": (4, 64), "concurrency_step": 8})
     profile = base.model_copy(update={"workload": workload, "tuner": tuner})
     calibration = load_calibration(profile)
-    half = (DURATION_S / 2, DURATION_S)
-    print("seed  best static (cap: goodput)  z  online goodput  ratio  final cap  windows  steps  cpu_s")
+    spans = [(DURATION_S * (1 - share), DURATION_S) for share in FINAL_SHARES]
+    print("seed  share  best static (cap: goodput)  z  online goodput  ratio  final cap  windows  steps  cpu_s")
     for seed in args.seeds:
-        static = {
-            cap: goodput_between(
-                profile, run_static(profile, calibration, cap, duration_s=DURATION_S, seed=seed, max_queue=QUEUE), *half
-            ).goodput_rps
-            for cap in GRID
+        records = {
+            cap: run_static(profile, calibration, cap, duration_s=DURATION_S, seed=seed, max_queue=QUEUE)
+            for cap in range(8, 65, args.grid_step)
         }
-        best_cap = max(static, key=lambda c: static[c])
+        static = [{cap: goodput_between(profile, r, *span).goodput_rps for cap, r in records.items()} for span in spans]
         for z in args.z:
             cpu = time.process_time()
             run = run_online(
@@ -50,13 +49,16 @@ def main() -> None:
                 settings=OnlineSettings(z=z),
             )  # fmt: skip
             cpu = time.process_time() - cpu
-            online = goodput_between(profile, run.records, *half).goodput_rps
-            print(
-                f"{seed:4d}  {best_cap:3d}: {static[best_cap]:.3f}{'':14s} {z:3.1f}  {online:.3f}{'':9s}"
-                f"{online / static[best_cap]:.3f}  {run.tuner.incumbent.concurrency:9d}  {len(run.tuner.windows):7d}"
-                f"  {len(run.tuner.steps):5d}  {cpu:5.1f}",
-                flush=True,
-            )
+            for share, span, grid in zip(FINAL_SHARES, spans, static, strict=True):
+                best_cap = max(grid, key=lambda c: grid[c])
+                online = goodput_between(profile, run.records, *span).goodput_rps
+                print(
+                    f"{seed:4d}  {share:5.2f}  {best_cap:3d}: {grid[best_cap]:.3f}{'':14s} {z:3.1f}  "
+                    f"{online:.3f}{'':9s}"
+                    f"{online / grid[best_cap]:.3f}  {run.tuner.incumbent.concurrency:9d}"
+                    f"  {len(run.tuner.windows):7d}  {len(run.tuner.steps):5d}  {cpu:5.1f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":
