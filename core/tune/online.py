@@ -186,14 +186,7 @@ class OnlineTuner:
     def trial_failed(self, now: float, error: str) -> Point | None:
         """The trial's point could not be put in force (its server did not start): it scores as failed, is
         rolled back, and the next window starts at `now`. Returns the point to run (the incumbent)."""
-        segment = Segment(
-            key=f"{ONLINE_ALGORITHM}:{len(self.windows)}:failed",
-            point=self.current,
-            phase=ONLINE_ALGORITHM,
-            step=len(self.steps) + 1,
-            score=FAILED_SCORE,
-            error=error,
-        )
+        segment = self._segment(FAILED_SCORE, error=error)
         window = Window(len(self.windows), self.current, segment, math.inf, now, now, 0.0)
         self.windows.append(window)
         self._after_trial_window(window)
@@ -201,6 +194,18 @@ class OnlineTuner:
         return self.current
 
     # ------------------------------------------------------------------ windows
+
+    def _segment(self, window_score: float, **measured: Any) -> Segment:
+        """The window at the point in force as the batch tuner's `Segment` (what a tune_step event reports)."""
+        point = self.current
+        return Segment(
+            key=f"{ONLINE_ALGORITHM}:{len(self.windows)}:c{point.concurrency or 'inf'}-s{point.max_num_seqs}",
+            point=point,
+            phase=ONLINE_ALGORITHM,
+            step=len(self.steps) + 1,
+            score=window_score,
+            **measured,
+        )
 
     def _close_window(self, now: float) -> Window:
         records = list(self._records)
@@ -210,12 +215,8 @@ class OnlineTuner:
         scores = self._batch_scores(records, now)
         score_se = float(np.std(scores, ddof=1)) / math.sqrt(len(scores)) if np.isfinite(scores).all() else math.inf
         index = len(self.windows)
-        segment = Segment(
-            key=f"{ONLINE_ALGORITHM}:{index}:c{self.current.concurrency or 'inf'}-s{self.current.max_num_seqs}",
-            point=self.current,
-            phase=ONLINE_ALGORITHM,
-            step=len(self.steps) + 1,
-            score=window_score,
+        segment = self._segment(
+            window_score,
             p50_s=summary.p50_s,
             p95_s=summary.p95_s,
             p99_s=summary.p99_s,
