@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from core.exit_codes import EXIT_CODES_HELP, ExitCode
 from core.job_registry import JOBS
@@ -77,10 +78,16 @@ def build_gateway_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--upstream",
         action="append",
-        required=True,
+        default=[],
         dest="upstreams",
         metavar="URL",
         help="base URL of a running OpenAI-compatible server; repeat for several replicas",
+    )
+    parser.add_argument(
+        "--launch",
+        action="store_true",
+        help="start and own a vLLM from the profile's server: section instead of --upstream (with --tune, "
+        "max_num_seqs is tuned too, by replica swap)",
     )
     parser.add_argument("--port", type=int, required=True, help="port to listen on (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -88,11 +95,35 @@ def build_gateway_parser() -> argparse.ArgumentParser:
         "--mode", metavar="{" + ",".join(SCHEDULING_MODES) + "}", help="scheduling mode (default: the profile's mode)"
     )
     parser.add_argument("--log-requests", action="store_true", help="print one event per request on stdout")
+    parser.add_argument(
+        "--tune",
+        action="store_true",
+        help="tune the per-replica concurrency cap online on the traffic served (fcfs; tune_step events on stdout)",
+    )
+    parser.add_argument(
+        "--max-queue", type=int, default=None, metavar="N", help="with --tune: reject arrivals when N wait (429)"
+    )
+    parser.add_argument(
+        "--tune-window",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("REQUESTS", "SECONDS"),
+        help="with --tune: a window ends after at least REQUESTS ended requests and SECONDS (default 200 60)",
+    )
     return parser
 
 
 def gateway_main(argv: list[str]) -> int:
-    args = build_gateway_parser().parse_args(argv)
+    parser = build_gateway_parser()
+    args = parser.parse_args(argv)
+    if bool(args.upstreams) == args.launch:
+        parser.error("give either --upstream URL (repeatable) or --launch")
+    launched: dict[str, Any] = {}
+    try:
+        attach = _online_tuning(args.max_queue, args.tune_window, launched) if args.tune else None
+    except ValueError as exc:
+        parser.error(f"--tune-window: {exc}")
     from core.gateway.standalone import GatewayArgs, run_gateway
 
     return run_gateway(
@@ -103,8 +134,55 @@ def gateway_main(argv: list[str]) -> int:
             host=args.host,
             mode=args.mode,
             log_requests=args.log_requests,
+            attach=attach,
+            launch=_launcher(launched) if args.launch else None,
         )
     )
+
+
+def _print_json_line(event: dict[str, Any]) -> None:
+    from core.events import to_json_line
+
+    print(to_json_line(event), flush=True)
+
+
+def _launcher(launched: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The standalone gateway's --launch: one vLLM from the profile, kept in `launched` for --tune's swaps."""
+    from core.backends.launched_replicas import LaunchedReplicas
+
+    async def launch(profile):  # type: ignore[no-untyped-def]
+        replicas = launched["replicas"] = LaunchedReplicas(profile, sink=_print_json_line)
+        try:
+            url = await replicas.start_first()
+        except BaseException:
+            await replicas.close()
+            raise
+        return [url], replicas.close
+
+    return launch
+
+
+def _online_tuning(max_queue: int | None, window: list[float] | None, launched: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """The standalone gateway's --tune: the online tuner attached once the gateway serves."""
+    from core.tune.online import OnlineSettings
+    from core.tune.online_gateway import attach_online_tuner
+
+    settings = (
+        OnlineSettings() if window is None else OnlineSettings(window_requests=int(window[0]), window_s=window[1])
+    )
+
+    def attach(gateway, profile):  # type: ignore[no-untyped-def]
+        tuning = attach_online_tuner(
+            gateway,
+            profile,
+            settings=settings,
+            sink=_print_json_line,
+            max_queue=max_queue,
+            replicas=launched.get("replicas"),
+        )
+        return tuning.stop
+
+    return attach
 
 
 def options_from_args(args: argparse.Namespace, argv: list[str]) -> OperatorOptions:

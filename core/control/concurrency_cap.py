@@ -8,6 +8,7 @@ and it is the gateway's plain hold/reject policy in tests. It is not one of the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from core.controller_api import ControlledRequest, HeldQueue, Policy, Release, ReplicaView, Verdict, least_loaded
@@ -23,6 +24,15 @@ class ConcurrencyCapPolicy(Policy):
         self.cap = cap
         self.max_queue = max_queue
         self.queue = HeldQueue()
+        self._recheck = False  # the cap changed: ask to be asked at once (a raised cap frees slots now)
+
+    def set_cap(self, cap: int) -> None:
+        """Change the cap for what is released from now on (the online tuner's knob). Nothing admitted is touched:
+        requests in flight above a lowered cap finish where they run, and the queue keeps its order."""
+        if cap < 1:
+            raise ValueError(f"cap must be at least 1 (got {cap})")
+        self.cap = cap
+        self._recheck = True
 
     def _free_replica(self, replicas: Sequence[ReplicaView]) -> int | None:
         index = least_loaded(replicas)
@@ -39,7 +49,11 @@ class ConcurrencyCapPolicy(Policy):
         self.queue.push(req)
         return Verdict.hold()
 
+    def next_wakeup(self, now: float) -> float:
+        return now if self._recheck else math.inf
+
     def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
+        self._recheck = False
         # The caller marks each release in flight only after this returns, so count our own releases.
         loads = {r.index: r.load for r in replicas}
         released: list[Release] = []

@@ -23,8 +23,18 @@ from typing import Any
 from core.controller_api import ControlledRequest, Policy, Verdict
 from core.events import EventSink, make_event
 from core.profile import Profile, ProfileError
+from core.records import RequestRecord, Status
 
 PolicyFactory = Callable[[str], Policy]
+RecordSink = Callable[[RequestRecord], None]
+
+# A gateway outcome as a request record's status (what core.metrics scores).
+OUTCOME_STATUS = {
+    "completed": Status.OK,
+    "rejected": Status.REJECTED,
+    "deferred": Status.DEFERRED,
+    "failed": Status.ERROR,
+}
 
 REJECTED_BY_MODE = "rejected by the scheduling mode"
 HELD_AT_END = "held when the run ended; never served"
@@ -79,6 +89,8 @@ class Upstream:
     url: str
     in_flight: dict[int, ControlledRequest] = field(default_factory=dict)
     served: int = 0
+    # Retired (a replica swap): it gets nothing new; what it serves finishes there (`retire_upstream`).
+    retired: bool = False
 
     @property
     def load(self) -> int:
@@ -117,11 +129,17 @@ class AdmissionController:
         request_events: bool = True,
     ) -> None:
         self.upstreams = [Upstream(i, url.rstrip("/")) for i, url in enumerate(upstreams)]
+        # What the policy routes among: the upstreams not retired (all of them unless a replica was swapped).
+        # Indices stay those of `upstreams`, so a request's `replica` names its upstream for good.
+        self.routable: list[Upstream] = list(self.upstreams)
         self.policy = policy
         self.profile = profile
         self.policy_factory = policy_factory
         self.on_event = on_event
         self.request_events = request_events  # one `gateway_request` event per request to `on_event`
+        # Each ended request as a record on the gateway's clock (`now()`), for whoever scores the traffic
+        # served (the online tuner, core/tune/online_gateway.py); None builds none.
+        self.record_sink: RecordSink | None = None
         self.stats = GatewayStats()
         self.decisions: dict[str, Decision] = {}  # by the caller's request id, when it sent one
         # After `end_arrivals()` (an embedded run's load has been sent) nothing is held any more: a hold
@@ -143,7 +161,7 @@ class AdmissionController:
         `request.arrival_s` may lie before now (the client's send time, when it said): its deadline counts
         from there."""
         now = max(request.arrival_s, self.now())
-        verdict = self.policy.on_arrival(request, now, self.upstreams)
+        verdict = self.policy.on_arrival(request, now, self.routable)
         if verdict.action == "reject":
             reason = verdict.reason or REJECTED_BY_MODE
             self.finish(request, "rejected", reason, client_id)
@@ -185,8 +203,10 @@ class AdmissionController:
             del upstream.in_flight[request.request_id]
             upstream.served += 1
             self.stats.in_flight -= 1
-            self.policy.on_finish(request, now, self.upstreams)
+            self.policy.on_finish(request, now, self.routable)
         setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+        if self.record_sink is not None:
+            self.record_sink(self._record(request, outcome, reason, now))
         if client_id is not None:
             self.decisions[client_id] = Decision(
                 outcome, reason, request.tier, request.replica, request.arrival_s, request.dispatched_s
@@ -222,9 +242,33 @@ class AdmissionController:
         self.stats.policy_swaps += 1
         now = self.now()
         for request in carried:
-            self._apply(request, self.policy.on_arrival(request, now, self.upstreams), now)
+            self._apply(request, self.policy.on_arrival(request, now, self.routable), now)
         settings = policy.describe()
         self._emit("gateway_mode", mode=policy.name, previous=old.name, carried=len(carried), settings=settings)
+        self._pump()
+
+    def add_upstream(self, url: str) -> Upstream:
+        """A new upstream (a replica swap's new server, already serving): routed to from now on."""
+        upstream = Upstream(len(self.upstreams), url.rstrip("/"))
+        self.upstreams.append(upstream)
+        self.routable.append(upstream)
+        self._emit("gateway_upstream", url=upstream.url, index=upstream.index, change="added")
+        self._pump()
+        return upstream
+
+    def retire_upstream(self, index: int) -> None:
+        """Route nothing new to upstream `index`; what it serves finishes there (a replica swap drains it). The
+        policy no longer sees it: requests it already released there end through `finish` as ever."""
+        upstream = self.upstreams[index]
+        if len(self.routable) == 1 and self.routable[0] is upstream:
+            raise ValueError("cannot retire the last routable upstream: add its replacement first")
+        upstream.retired = True
+        self.routable = [u for u in self.routable if u is not upstream]
+        self._emit("gateway_upstream", url=upstream.url, index=index, change="retired", in_flight=upstream.load)
+
+    def policy_changed(self) -> None:
+        """The policy's settings changed in place (the online tuner moved a knob): ask it at once what it
+        releases now. Admitted requests are untouched; the change applies to what it decides from now on."""
         self._pump()
 
     def swap_mode(self, name: str) -> Policy:
@@ -240,7 +284,9 @@ class AdmissionController:
             "mode": self.policy.name,
             **self.stats.as_dict(),
             "accounted": self.stats.accounted(),
-            "upstreams": [{"url": u.url, "load": u.load, "served": u.served} for u in self.upstreams],
+            "upstreams": [
+                {"url": u.url, "load": u.load, "served": u.served, "retired": u.retired} for u in self.upstreams
+            ],
         }
 
     async def settle(self, timeout_s: float) -> bool:
@@ -277,6 +323,21 @@ class AdmissionController:
             if self.arrivals_ended:
                 self._resolve(held, ("defer", HELD_AT_END))
 
+    def _record(self, request: ControlledRequest, outcome: str, reason: str | None, now: float) -> RequestRecord:
+        status = OUTCOME_STATUS[outcome]
+        return RequestRecord.from_spec(
+            request.spec,
+            arrival_s=request.arrival_s,
+            warmup=False,
+            status=status,
+            end_s=None if status is Status.DEFERRED else now,
+            output_tokens=request.tokens_out,
+            error=reason,
+            tier=request.tier,
+            replica=request.replica,
+            dispatched_s=request.dispatched_s,
+        )
+
     def _resolve(self, held: HeldRequest, result: tuple[str, Any]) -> None:
         self._held.pop(held.request.request_id, None)
         self.stats.held -= 1
@@ -295,10 +356,10 @@ class AdmissionController:
         if self.policy.passthrough and not self._held and self._timer is None:
             return  # fcfs-like: it releases on arrival and never holds, so there is nothing to ask
         now = self.now()
-        for release in self.policy.release(now, self.upstreams):
+        for release in self.policy.release(now, self.routable):
             held = self._held.get(release.request.request_id)
             if held is None:  # its client hung up while it waited: it never reaches an upstream
-                self.policy.on_finish(release.request, now, self.upstreams)
+                self.policy.on_finish(release.request, now, self.routable)
                 continue
             self._dispatch(release.request, release.replica, release.request.tier, now)
             self._resolve(held, ("release", release.replica))

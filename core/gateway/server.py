@@ -284,9 +284,10 @@ class Gateway(AdmissionController):
         return web.json_response(policy.describe())
 
     async def _proxy(self, http_request: web.Request) -> web.StreamResponse:
-        """Any other path goes to the first upstream as it is (models, health, metrics, tokenize, ...)."""
+        """Any other path goes to the first routable upstream as it is (models, health, metrics, tokenize, ...)."""
         assert self._client is not None
-        url = self.upstreams[0].url + http_request.path_qs
+        first = self.routable[0]
+        url = first.url + http_request.path_qs
         headers = request_headers(http_request.headers)
         data = await http_request.read()
         try:
@@ -295,7 +296,7 @@ class Gateway(AdmissionController):
                 payload = await upstream.read()
                 return web.Response(status=upstream.status, body=payload, headers=response_headers(upstream))
         except (aiohttp.ClientError, TimeoutError) as exc:
-            message = f"upstream {self.upstreams[0].url}: {type(exc).__name__}: {exc}"
+            message = f"upstream {first.url}: {type(exc).__name__}: {exc}"
             return web.json_response(error_body(ERROR_UPSTREAM, message, 502), status=502)
 
 

@@ -1,7 +1,7 @@
 """`slo-console gateway`: the admission gateway as a standalone server any OpenAI client can use.
 
     slo-console gateway --profile saber-w1 --upstream http://127.0.0.1:8000 [--upstream URL ...] \
-        --port 9000 [--host 127.0.0.1] [--mode saber]
+        --port 9000 [--host 127.0.0.1] [--mode saber] [--tune [--max-queue N]]
 
 Startup checks each upstream (GET /v1/models) and binds the port; it then serves until SIGTERM or Ctrl-C,
 when requests still held are answered `deferred` and those at an upstream may finish. Events (start, mode
@@ -16,14 +16,25 @@ import contextlib
 import gc
 import signal
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from core.backend_api import BackendUnavailable
+from core.controller_api import Policy
 from core.events import Event, to_json_line
 from core.exit_codes import ExitCode
+from core.gateway.admission import PolicyFactory
 from core.gateway.server import Gateway, GatewayError, policy_factory_for
 from core.gateway.upstream import probe_upstreams
-from core.profile import ProfileError, SchedulingMode, load_profile, parse_scheduling_mode
+from core.profile import Profile, ProfileError, SchedulingMode, load_profile, parse_scheduling_mode
+
+# Something the caller runs on the gateway once it serves (the online tuner, core/tune/online_gateway.py, which
+# sits in a layer above the gateway): it returns the coroutine function that stops it, or raises ProfileError.
+GatewayAttachment = Callable[[Gateway, Profile], Callable[[], Awaitable[None]]]
+# --launch: starts the servers from the profile (core/backends/launched_replicas.py, a layer above) and returns
+# their URLs and the coroutine function that stops them; raises BackendUnavailable when one does not start.
+GatewayLauncher = Callable[[Profile], Awaitable[tuple[list[str], Callable[[], Awaitable[None]]]]]
 
 
 @dataclass(slots=True)
@@ -34,6 +45,8 @@ class GatewayArgs:
     host: str = "127.0.0.1"
     mode: SchedulingMode | None = None  # None: the profile's mode
     log_requests: bool = False
+    attach: GatewayAttachment | None = None
+    launch: GatewayLauncher | None = None
 
 
 def _check_url(url: str) -> str | None:
@@ -73,8 +86,10 @@ def _print_event(event: Event) -> None:
 
 async def _serve(args: GatewayArgs) -> int:
     problems = [p for p in (_check_url(u) for u in args.upstreams) if p]
-    if not args.upstreams:
-        problems.append("give at least one --upstream http://HOST:PORT")
+    if not args.upstreams and args.launch is None:
+        problems.append("give at least one --upstream http://HOST:PORT, or --launch")
+    if args.upstreams and args.launch is not None:
+        problems.append("give either --upstream or --launch, not both")
     if not 0 <= args.port <= 65535:
         problems.append(f"--port {args.port} is not a port number (0-65535)")
     if problems:
@@ -82,18 +97,37 @@ async def _serve(args: GatewayArgs) -> int:
         return ExitCode.USAGE
     try:
         profile = load_profile(args.profile)
-        factory = policy_factory_for(profile, replicas=len(args.upstreams))
+        factory = policy_factory_for(profile, replicas=max(1, len(args.upstreams)))
         policy = factory(profile.mode if args.mode is None else parse_scheduling_mode(args.mode))
     except ProfileError as exc:
         print(f"slo-console gateway: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    if args.launch is not None:
+        try:
+            upstreams, close_servers = await args.launch(profile)
+        except BackendUnavailable as exc:
+            print(f"slo-console gateway: {exc}", file=sys.stderr)
+            return ExitCode.BACKEND
+        except ProfileError as exc:  # a knob this vLLM cannot express
+            print(f"slo-console gateway: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
+        try:
+            return await _serve_on(args, profile, factory, policy, upstreams)
+        finally:
+            await close_servers()
     unreachable = await probe_upstreams(args.upstreams)
     if unreachable:
         message = f"upstream unreachable: {unreachable[0]}; start it or fix --upstream"
         print(f"slo-console gateway: {message}", file=sys.stderr)
         return ExitCode.BACKEND
+    return await _serve_on(args, profile, factory, policy, args.upstreams)
+
+
+async def _serve_on(
+    args: GatewayArgs, profile: Profile, factory: PolicyFactory, policy: Policy, upstreams: list[str]
+) -> int:
     gateway = Gateway(
-        args.upstreams,
+        upstreams,
         policy,
         profile=profile,
         policy_factory=factory,
@@ -107,6 +141,14 @@ async def _serve(args: GatewayArgs) -> int:
     except GatewayError as exc:
         print(f"slo-console gateway: {exc}", file=sys.stderr)
         return ExitCode.USAGE
+    detach: Callable[[], Awaitable[None]] | None = None
+    if args.attach is not None:
+        try:
+            detach = args.attach(gateway, profile)
+        except ProfileError as exc:
+            await gateway.stop()
+            print(f"slo-console gateway: {exc}", file=sys.stderr)
+            return ExitCode.USAGE
     settle_heap()
     loop_name = "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
     serving = f"serving on {url} (mode {policy.name}, {loop_name} loop)"
@@ -119,5 +161,7 @@ async def _serve(args: GatewayArgs) -> int:
     try:
         code = await stopped
     finally:
+        if detach is not None:
+            await detach()
         await gateway.stop()
     return code

@@ -1,0 +1,359 @@
+"""Online tuning: SLO-Tuner's hill-climb (paper 000 sec. II-B, Algorithm 1) run on the traffic being served.
+
+The batch tuner measures each knob point in a segment of its own (a restarted server, synthetic load). A
+server that serves users cannot stop for that, so here the segment is a *window* of the live traffic: the
+requests that ended while a knob setting was in force, scored with the batch tuner's eq. 3
+(`core.tune.score.score`: goodput against the profile's per-request SLOs, the p99 penalty, the hardware
+proxy). This object is only the decision logic; it knows no clock and no server. Whoever runs it (the
+gateway in wall time, core/tune/online_sim.py in the simulator's virtual time) feeds it each ended
+request's record (`observe`) and asks it at any time `poll(now)`: when a window is complete it scores it
+and answers the knob point to run from now on (or None: keep what runs).
+
+The climb, one trial at a time. Algorithm 1 measures the current point K and every neighbour N(K)
+(`KnobSpace.neighbours`: the same +-step moves) in one step; online, every measurement costs real users
+their latency, so a trial is one neighbour for one window, compared with a window of the incumbent just
+before it (the traffic drifts; adjacent windows see the same load). After a trial window, Algorithm 1's
+move rule (`move_decision`) decides, with the gain it needs raised to the noise the windows measured:
+- a trial that scores higher beyond the noise becomes the incumbent, and the climb goes on from it;
+- one that scores lower beyond the noise is rolled back at once;
+- one inside the noise is measured again, incumbent then trial, up to `max_pairs` pairs pooled; still
+  inside the noise, it is rolled back (nothing showed it is better) and the windows double, up to
+  `max_window_requests`: they were too short for the differences this surface has.
+When every neighbour of the incumbent has failed in turn, the incumbent is held for `hold_windows`
+windows (doubling with each such round in a row) before the next round: the load may change. The
+incumbent is always known (`incumbent`).
+
+Noise. A window is also scored on `batches` consecutive slices of its requests (batch means); the standard
+error of the window's score is their spread / sqrt(batches). Two points differ beyond the noise when their
+(pooled) scores differ by more than `z` standard errors of the difference.
+
+Settling. Requests admitted under the previous setting finish after a switch; the window starts
+`settle` later: the 90th percentile of the previous window's latency (most of those requests have ended by
+then), at most half the window's minimum duration.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from core.events import EventSink, make_event
+from core.metrics import Summary, summarize
+from core.profile import Profile, TunerSpec
+from core.records import RequestRecord
+from core.tune.hillclimb import StepRecord, move_decision
+from core.tune.knobspace import KnobSpace, Point
+from core.tune.score import FAILED_SCORE, Segment, score
+
+ONLINE_ALGORITHM = "online"
+SETTLE_QUANTILE = 90
+MAX_HOLD_DOUBLINGS = 3  # the hold after quiet rounds grows to at most 8 x hold_windows
+
+
+@dataclass(frozen=True, slots=True)
+class OnlineSettings:
+    """How long a window is and how sure a decision must be. Fixed before the first window."""
+
+    window_requests: int = 200  # a window ends once this many requests ended in it ...
+    window_s: float = 60.0  # ... and it lasted this long (tuner clock seconds)
+    max_window_requests: int = 3200  # a comparison left inside the noise doubles the window, up to this
+    batches: int = 8  # batch means per window, for the standard error of its score
+    # A difference counts beyond the noise when it exceeds z standard errors of the difference. One: on
+    # saber-w1 the p99 term of eq. 3 is so noisy that z = 2 left the climb at cap 24 of 64 after 20000 s
+    # (docs/gateway.md, "online tuning"); a false step is cheap online, it is measured again and rolled back.
+    z: float = 1.0
+    hold_windows: int = 3  # windows at the incumbent after a round in which no neighbour won
+    max_pairs: int = 3  # (incumbent, trial) window pairs a comparison may take while it stays inside the noise
+
+    def __post_init__(self) -> None:
+        if self.window_requests < self.batches * 2:
+            raise ValueError(f"window_requests must be at least {self.batches * 2} (two per batch)")
+        if self.batches < 2:
+            raise ValueError("batches must be at least 2 (a standard error needs two)")
+
+
+@dataclass(slots=True)
+class Window:
+    """One measured window: the point that ran, its segment (the batch tuner's shape), its standard error."""
+
+    index: int
+    point: Point
+    segment: Segment
+    score_se: float
+    start_s: float
+    end_s: float
+    settle_s: float  # the 90th percentile of its completed requests' latency (0 when none completed)
+
+
+def online_space(profile: Profile, *, server_flags: bool = False) -> KnobSpace:
+    """The knobs the gateway owns: the concurrency cap, within the profile's tuner bounds and step; with
+    `server_flags` (the gateway launched its servers, so it can swap one for another) max_num_seqs too.
+    Otherwise max_num_seqs, and speculation always, are pinned to the profile's values (no neighbour moves them)."""
+    knobs = profile.knobs
+    update: dict[str, Any] = {
+        "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
+        "spec_toggle": False,
+    }
+    if not server_flags:
+        update["max_num_seqs_bounds"] = (knobs.max_num_seqs, knobs.max_num_seqs)
+    spec = profile.tuner.model_copy(update=update)
+    return KnobSpace(spec, open_loop=False)
+
+
+def pooled(windows: list[Window]) -> tuple[float, float]:
+    """Mean score of windows of one point and its standard error (independent windows)."""
+    scores = [w.segment.score for w in windows]
+    if not scores or not all(math.isfinite(x) for x in scores):
+        return FAILED_SCORE, math.inf
+    return float(np.mean(scores)), math.sqrt(sum(w.score_se**2 for w in windows)) / len(windows)
+
+
+@dataclass(slots=True)
+class OnlineTuner:
+    """The online hill-climb's decisions over windows of ended requests, on whatever clock feeds it."""
+
+    space: KnobSpace
+    start: Point
+    profile: Profile
+    settings: OnlineSettings = field(default_factory=OnlineSettings)
+    sink: EventSink | None = None
+    world: str = "live"  # the `world` field of tune_step events: where the traffic is served
+    # --- state
+    incumbent: Point = field(init=False)
+    current: Point = field(init=False)
+    incumbent_window: Window | None = field(init=False, default=None)
+    windows: list[Window] = field(init=False, default_factory=list)
+    steps: list[StepRecord] = field(init=False, default_factory=list)
+    window_requests: int = field(init=False)
+    _records: deque[RequestRecord] = field(init=False, default_factory=deque)
+    _window_start_s: float = field(init=False, default=0.0)
+    _pending: list[Point] = field(init=False, default_factory=list)  # neighbours not yet tried this round
+    _hold_left: int = field(init=False, default=0)
+    _quiet_rounds: int = field(init=False, default=0)  # rounds in a row in which no neighbour won
+    _incumbent_windows: list[Window] = field(init=False, default_factory=list)  # of the comparison under way
+    _trial_windows: list[Window] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.incumbent = self.current = self.start
+        self.window_requests = self.settings.window_requests
+
+    @property
+    def spec(self) -> TunerSpec:
+        return self.space.spec
+
+    @property
+    def slo_s(self) -> float:
+        """The p99 target of eq. 3: the profile's SLO, as the batch tuner takes it (core/tune/job.py)."""
+        return math.inf if self.profile.slo.e2e_s is None else self.profile.slo.e2e_s
+
+    # ------------------------------------------------------------------ feeding
+
+    def begin(self, now: float) -> Point:
+        """Start the first window at `now`; returns the point to run (the start)."""
+        self._window_start_s = now
+        return self.current
+
+    def observe(self, record: RequestRecord) -> None:
+        """A request ended (completed, rejected or failed; `end_s` on the tuner's clock)."""
+        end = record.end_s
+        if end is not None and end >= self._window_start_s:
+            self._records.append(record)
+
+    def poll(self, now: float) -> Point | None:
+        """If the window is complete at `now`, score it and decide. Returns the point to run from now on when it
+        changes (a trial, a move or a rollback), else None."""
+        if now - self._window_start_s < self.settings.window_s or len(self._records) < self.window_requests:
+            return None
+        window = self._close_window(now)
+        before = self.current
+        if window.point == self.incumbent:
+            self._after_incumbent_window(window)
+        else:
+            self._after_trial_window(window)
+        self._start_window(now, window)
+        return None if self.current == before else self.current
+
+    def restart_window(self, now: float) -> None:
+        """Start the window afresh at `now` (what ended before is dropped): after a replica swap, whose
+        requests ran on the old server."""
+        self._records.clear()
+        self._window_start_s = now
+
+    def trial_failed(self, now: float, error: str) -> Point | None:
+        """The trial's point could not be put in force (its server did not start): it scores as failed, is
+        rolled back, and the next window starts at `now`. Returns the point to run (the incumbent)."""
+        segment = self._segment(FAILED_SCORE, error=error)
+        window = Window(len(self.windows), self.current, segment, math.inf, now, now, 0.0)
+        self.windows.append(window)
+        self._after_trial_window(window)
+        self.restart_window(now)
+        return self.current
+
+    # ------------------------------------------------------------------ windows
+
+    def _segment(self, window_score: float, **measured: Any) -> Segment:
+        """The window at the point in force as the batch tuner's `Segment` (what a tune_step event reports)."""
+        point = self.current
+        return Segment(
+            key=f"{ONLINE_ALGORITHM}:{len(self.windows)}:c{point.concurrency or 'inf'}-s{point.max_num_seqs}",
+            point=point,
+            phase=ONLINE_ALGORITHM,
+            step=len(self.steps) + 1,
+            score=window_score,
+            **measured,
+        )
+
+    def _close_window(self, now: float) -> Window:
+        records = list(self._records)
+        self._records.clear()
+        summary = self._summarize(records, now - self._window_start_s)
+        window_score = self._score(summary)
+        scores = self._batch_scores(records, now)
+        score_se = float(np.std(scores, ddof=1)) / math.sqrt(len(scores)) if np.isfinite(scores).all() else math.inf
+        index = len(self.windows)
+        segment = self._segment(
+            window_score,
+            p50_s=summary.p50_s,
+            p95_s=summary.p95_s,
+            p99_s=summary.p99_s,
+            goodput_rps=summary.goodput_rps,
+            throughput_rps=summary.throughput_rps,
+            requests=summary.requests,
+            completed=summary.completed,
+            failed=summary.failed,
+            window_s=summary.window_s,
+            error=None if math.isfinite(window_score) else "no request completed in the window",
+        )
+        e2e = [r.e2e_s for r in records if r.ok and r.e2e_s is not None]
+        settle = float(np.percentile(e2e, SETTLE_QUANTILE)) if e2e else 0.0
+        window = Window(index, self.current, segment, score_se, self._window_start_s, now, settle)
+        self.windows.append(window)
+        return window
+
+    def _start_window(self, now: float, closed: Window) -> None:
+        """The next window starts now, or after the settle time when the point just changed."""
+        settle = min(self.settings.window_s / 2, closed.settle_s) if self.current != closed.point else 0.0
+        self._window_start_s = now + settle
+
+    def _summarize(self, records: list[RequestRecord], span_s: float) -> Summary:
+        return summarize(records, slo=self.profile.slo, smooth=self.profile.smooth_goodput, window_s=span_s)
+
+    def _score(self, summary: Summary) -> float:
+        # Scored as the batch tuner scores a live segment: eq. 3 with lambda (not the simulator's 10 x lambda).
+        if summary.completed == 0:
+            return FAILED_SCORE
+        return score(summary.goodput_rps, summary.p99_s, self.slo_s, self.current, self.spec, "live")
+
+    def _batch_scores(self, records: list[RequestRecord], now: float) -> np.ndarray:
+        """Eq. 3 on `batches` consecutive slices of the window (by end time): batch means."""
+        ordered = sorted(records, key=lambda r: r.end_s or 0.0)
+        edges = np.linspace(0, len(ordered), self.settings.batches + 1).astype(int)
+        scores = []
+        start = self._window_start_s
+        for b in range(self.settings.batches):
+            chunk = ordered[edges[b] : edges[b + 1]]
+            end = now if b == self.settings.batches - 1 else float(chunk[-1].end_s or now)
+            summary = self._summarize(chunk, max(end - start, 1e-9))
+            scores.append(self._score(summary))
+            start = end
+        return np.asarray(scores, dtype=float)
+
+    # ------------------------------------------------------------------ decisions
+
+    def _after_incumbent_window(self, window: Window) -> None:
+        self.incumbent_window = window
+        if self._trial_windows:  # a comparison under way: this is its next incumbent window; the trial again
+            self._incumbent_windows.append(window)
+            self.current = self._trial_windows[-1].point
+            return
+        if self._hold_left > 0:
+            self._hold_left -= 1
+            return
+        if not self._pending:
+            self._pending = self.space.neighbours(self.incumbent)
+        self._incumbent_windows = [window]
+        self.current = self._pending.pop(0)
+
+    def _after_trial_window(self, trial: Window) -> None:
+        self._trial_windows.append(trial)
+        inc_score, inc_se = pooled(self._incumbent_windows)
+        trial_score, trial_se = pooled(self._trial_windows)
+        noise = self.settings.z * math.hypot(inc_se, trial_se)
+        gain = trial_score - inc_score if math.isfinite(trial_score) and math.isfinite(inc_score) else math.nan
+        pairs = len(self._trial_windows)
+        if math.isfinite(gain) and abs(gain) <= noise and pairs < self.settings.max_pairs:
+            # Inside the noise: measure both again (incumbent, then trial) and decide on the pooled windows.
+            self.current = self.incumbent
+            return
+        inc_p99 = float(np.mean([w.segment.p99_s for w in self._incumbent_windows]))
+        moved, reason = move_decision(inc_score, trial_score, inc_p99, self.slo_s, max(self.spec.min_gain, noise))
+        if math.isfinite(gain) and abs(gain) <= noise:
+            # Still inside the noise after max_pairs: nothing shows the trial is better, so the incumbent stays,
+            # and the windows double: they were too short for the differences this surface has.
+            moved = False
+            reason = f"rolled back: {gain:+.3f} is inside the noise {noise:.3f} after {pairs} pairs of windows"
+            self.window_requests = min(self.settings.max_window_requests, self.window_requests * 2)
+        elif not moved and math.isfinite(gain) and gain < -noise:
+            reason = f"rolled back: {gain:.3f} below the incumbent, beyond the noise {noise:.3f}"
+        elif not moved:
+            reason = f"rolled back: {reason}"
+        incumbent = self._incumbent_windows[-1]
+        record = StepRecord(
+            step=len(self.steps) + 1,
+            point=self.incumbent,
+            segment=incumbent.segment,
+            p99_used_s=inc_p99,
+            score_used=inc_score,
+            best_neighbour=trial.point,
+            best_neighbour_score=trial_score,
+            moved=moved,
+            reason=reason,
+        )
+        self.steps.append(record)
+        self._trial_windows = []
+        if moved:
+            came_from = self.incumbent
+            self.incumbent = trial.point
+            self.incumbent_window = trial
+            self._incumbent_windows = [trial]
+            self._quiet_rounds = 0
+            # Onward from the new incumbent; the point it came from was just measured worse.
+            self._pending = [n for n in self.space.neighbours(self.incumbent) if n != came_from]
+            self.current = self._pending.pop(0) if self._pending else self.incumbent
+        else:
+            self.current = self.incumbent  # the rollback: the next window re-measures the incumbent
+            if not self._pending:
+                # A round in which no neighbour won: hold the incumbent, longer after each such round in a row
+                # (converged: trials cost the users served during them), until the next round probes again.
+                self._quiet_rounds += 1
+                self._hold_left = self.settings.hold_windows * 2 ** min(self._quiet_rounds - 1, MAX_HOLD_DOUBLINGS)
+        self._emit(record, noise, trial)
+
+    def _emit(self, record: StepRecord, noise: float, trial: Window) -> None:
+        if self.sink is None:
+            return
+        self.sink(
+            make_event(
+                "tune_step",
+                algorithm=ONLINE_ALGORITHM,
+                world=self.world,
+                **record.as_event_fields(),
+                incumbent=self.incumbent.as_dict(),
+                noise=noise,
+                window_requests=trial.segment.requests,
+                window_s=trial.segment.window_s,
+            )
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "incumbent": self.incumbent.as_dict(),
+            "current": self.current.as_dict(),
+            "windows": len(self.windows),
+            "steps": len(self.steps),
+            "window_requests": self.window_requests,
+        }

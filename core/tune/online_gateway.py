@@ -1,0 +1,123 @@
+"""`slo-console gateway --tune`: the online tuner (core/tune/online.py) inside the live gateway, in wall time.
+
+The gateway runs fcfs behind a per-replica concurrency cap (`ConcurrencyCapPolicy`, what vLLM's static
+`max_num_seqs` does, moved into the gateway) and hands every ended request's record to the tuner; a timer
+asks the tuner once a second whether a window is complete. A new cap applies to what the gateway releases
+from then on (`set_cap`, then `policy_changed`): a request already at an upstream finishes there, and the
+queue keeps its order, so a knob change never drops, fails or reorders an admitted request. Each decision
+is a `tune_step` event on the gateway's event stream (JSON Lines on stdout in the standalone gateway).
+
+With `--launch` (the gateway started its vLLM, core/backends/launched_replicas.py) max_num_seqs is tuned
+too: a trial with another max_num_seqs is a replica swap, and its window starts once the old server has
+drained and stopped. The other modes' own knobs (SABER's window, SLOs-Serve's burst budget) are not tuned
+online yet (docs/gateway.md, "online tuning").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
+from core.backends.launched_replicas import LaunchedReplicas
+from core.control.concurrency_cap import ConcurrencyCapPolicy
+from core.events import EventSink
+from core.gateway.admission import AdmissionController
+from core.profile import KnobsSpec, Profile, ProfileError
+from core.tune.knobspace import KnobSpace, Point
+from core.tune.online import OnlineSettings, OnlineTuner, online_space
+
+POLL_S = 1.0  # how often the tuner is asked whether its window is complete (wall seconds)
+
+
+def start_point(profile: Profile, space: KnobSpace) -> Point:
+    """The profile's cap (`knobs.concurrency`), else the upper bound of the tuner's range, clamped into it."""
+    knobs = profile.knobs
+    cap = knobs.concurrency if knobs.concurrency is not None else space.spec.concurrency_bounds[1]
+    return space.clamp(Point(cap, knobs.max_num_seqs, knobs.spec_width, knobs.spec_on))
+
+
+@dataclass(slots=True)
+class OnlineGatewayTuning:
+    """A running online tune: the tuner, the cap policy it moves, and the timer task that polls it."""
+
+    tuner: OnlineTuner
+    policy: ConcurrencyCapPolicy
+    gateway: AdmissionController
+    replicas: LaunchedReplicas | None = None  # --launch: max_num_seqs moves too, by replica swap
+    task: asyncio.Task[None] | None = None
+    swap: asyncio.Task[None] | None = None
+
+    def poll(self) -> None:
+        if self.swap is not None:
+            return  # a replica swap is under way: no window runs until it is done
+        change = self.tuner.poll(self.gateway.now())
+        if change is None:
+            return
+        self.policy.set_cap(change.concurrency)
+        self.gateway.policy_changed()
+        if self.replicas is not None:
+            knobs = self.replicas.current_knobs(self.gateway)
+            if knobs.max_num_seqs != change.max_num_seqs:
+                new = knobs.model_copy(update={"max_num_seqs": change.max_num_seqs})
+                self.swap = asyncio.get_running_loop().create_task(self._swap(new))
+
+    async def _swap(self, knobs: KnobsSpec) -> None:
+        assert self.replicas is not None
+        try:
+            await self.replicas.swap(self.gateway, knobs)
+        except Exception as exc:  # the new server did not start: the old one still serves; roll the trial back
+            point = self.tuner.trial_failed(self.gateway.now(), f"replica swap failed: {exc}")
+            if point is not None:
+                self.policy.set_cap(point.concurrency)
+                self.gateway.policy_changed()
+        else:
+            self.tuner.restart_window(self.gateway.now())
+        finally:
+            self.swap = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(POLL_S)
+            self.poll()
+
+    async def stop(self) -> None:
+        self.gateway.record_sink = None
+        if self.swap is not None:
+            self.swap.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.swap
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.task
+            self.task = None
+
+
+def attach_online_tuner(
+    gateway: AdmissionController,
+    profile: Profile,
+    *,
+    settings: OnlineSettings | None = None,
+    sink: EventSink | None = None,
+    max_queue: int | None = None,
+    start: Point | None = None,
+    replicas: LaunchedReplicas | None = None,
+) -> OnlineGatewayTuning:
+    """Put the gateway under online tuning (call on its running loop, before traffic or during it): the mode
+    becomes fcfs behind the cap the tuner moves. Only fcfs can be tuned online today."""
+    if gateway.policy.name not in ("fcfs", ConcurrencyCapPolicy.name):
+        raise ProfileError(
+            f"--tune tunes the gateway's concurrency cap in front of fcfs; mode {gateway.policy.name!r} has knobs "
+            "the online tuner does not move yet: use --mode fcfs"
+        )
+    space = online_space(profile, server_flags=replicas is not None)
+    point = start or start_point(profile, space)
+    policy = ConcurrencyCapPolicy(point.concurrency, max_queue)
+    gateway.swap_policy(policy)
+    tuner = OnlineTuner(space, point, profile, settings or OnlineSettings(), sink=sink, world="live")
+    tuner.begin(gateway.now())
+    gateway.record_sink = tuner.observe
+    tuning = OnlineGatewayTuning(tuner, policy, gateway, replicas)
+    tuning.task = asyncio.get_running_loop().create_task(tuning._run())
+    return tuning
