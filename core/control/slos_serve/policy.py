@@ -68,6 +68,7 @@ class SlosServePolicy(Policy):
             max_spec_len=max_spec,
             acceptance=calibration.default_acceptance,
             knee_efficiency=s.knee_efficiency,
+            max_seqs=knobs.max_num_seqs,
         )
         self.model = StepTimeModel.from_calibration(calibration)
         idle = BudgetModel(self.model, [1.0], max_batch_tokens=self.planner_settings.max_batch_tokens)
