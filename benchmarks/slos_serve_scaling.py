@@ -47,9 +47,9 @@ def main() -> None:
         for mode in args.modes:
             start = time.process_time()
             for n in counts:
-                found = asyncio.run(
-                    find_capacity(profile.model_copy(update={"replicas": n}), mode, requests=per_replica * n)
-                )
+                # One replica without --requests: the profile's own count (a trace replays whole).
+                requests = None if n == 1 and args.requests is None else per_replica * n
+                found = asyncio.run(find_capacity(profile.model_copy(update={"replicas": n}), mode, requests=requests))
                 capacity[name, mode, n] = found.capacity_rps
             one, many = capacity[name, mode, 1], capacity[name, mode, counts[-1]]
             scaling = many / one if one > 0 else float("nan")
