@@ -64,10 +64,13 @@ class StepRequest:
 class BatchPlan:
     """One step's batch. `prefill` holds (request, prompt tokens this step) for requests already prefilling
     and, after them, requests to admit from the queue (in the order to try; admission stops at the first one
-    whose KV cache does not fit, as vLLM's does). `decode` holds (decoding request, positions verified)."""
+    whose KV cache does not fit, as vLLM's does). `decode` holds (decoding request, positions verified).
+    `preempt` holds admitted requests the replica preempts (recompute) before this step, to free their memory
+    and slots for the requests the planner admits instead; none of them may appear in `prefill` or `decode`."""
 
     prefill: list[tuple[StepRequest, int]] = field(default_factory=list)
     decode: list[tuple[StepRequest, int]] = field(default_factory=list)
+    preempt: list[StepRequest] = field(default_factory=list)
     spec_steps: int = 0  # the draft model's sequential passes this step (a term of the step-time model)
 
 

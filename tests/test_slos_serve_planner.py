@@ -97,6 +97,17 @@ def test_kv_memory_limits_admission():
     assert len(admission.admitted) == 3
 
 
+def test_sequence_slots_limit_admission():
+    """The engine holds at most max_seqs requests: a burst is admitted only into the slots the running
+    requests leave (without the limit the DP admitted requests that then queued past their TTFT)."""
+    running = _running_decodes(2, tpot=10.0)
+    new = _new(10, 4, prefill=1, deadline=6.0, tpot=10.0)
+    unlimited = AdmissionPlanner(SIX_PER_UNIT, UNBOUNDED).admit(0.0, running, new)
+    assert len(unlimited.admitted) == 4
+    limited = PlannerSettings(max_batch_tokens=10**6, kv_capacity_tokens=10**9, max_seqs=5)
+    assert len(AdmissionPlanner(SIX_PER_UNIT, limited).admit(0.0, running, new).admitted) == 3
+
+
 def test_past_deadline_is_declined():
     planner = AdmissionPlanner(SIX_PER_UNIT, UNBOUNDED)
     assert planner.admit(5.0, [], _new(1, 1, prefill=1, deadline=4.0)).declined == [1]

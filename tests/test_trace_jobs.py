@@ -110,6 +110,21 @@ def test_the_shipped_example_is_what_the_script_writes_and_replays_whole(tmp_pat
     assert all(s.slo.e2e_s is not None for s in specs) and len({s.slo.e2e_s for s in specs}) > 100
 
 
+def test_the_slos_serve_trace_is_what_the_script_writes_with_stage_slos(tmp_path: Path) -> None:
+    again = tmp_path / "again.csv.gz"
+    script = REPO / "profiles" / "traces" / "make_operator_trace.py"
+    args = ["--rows", "3000", "--rate", "4.5", "--cv", "6", "--seed", "21", "--stage-slos"]
+    proc = subprocess.run([sys.executable, str(script), "--out", str(again), *args], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert again.read_bytes() == (REPO / "profiles" / "traces" / "slos-serve-trace.csv.gz").read_bytes()
+    specs = list(build_load_plan(load_profile("slos-serve-trace")).requests)
+    assert len(specs) == 3000
+    # Each row's stage SLOs are its class's budgets, whose e2e form the default CSV writes.
+    budgets = {(s.task, s.slo.ttft_s, s.slo.tpot_s) for s in specs}
+    assert budgets == {("chat", 2.0, 0.06), ("code", 1.5, 0.04), ("long-context", 6.0, 0.06)}
+    assert all(s.slo.e2e_s is None for s in specs)
+
+
 # ---------------------------------------------------------------- compare: SABER on a trace
 
 

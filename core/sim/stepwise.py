@@ -87,6 +87,8 @@ class StepwiseReplica(EngineReplica):
 
     def step_once(self) -> bool:
         batch = self.planner.plan(self, self.clock)
+        for victim in batch.preempt:  # the planner frees memory or a slot for a request it ranks higher
+            self._preempt(victim)
         # Admissions first (they take KV now), so the step is priced with the cache it really holds.
         prefill: list[tuple[StepRequest, int]] = []
         for item, chunk in batch.prefill:
@@ -175,14 +177,17 @@ class StepwiseReplica(EngineReplica):
     def _preempt_items(self) -> None:
         """Recompute preemption of the newest admitted requests until the KV cache fits (as replica.py)."""
         while self.kv_used > self.kv_capacity and len(self.admitted) > 1:
-            victim = self.admitted[-1]
-            self._release_kv(victim)
-            self.preemptions += 1
-            victim.req.preemptions += 1
-            # Re-prefill the prompt and everything streamed so far; streamed tokens stay delivered.
-            victim.prompt_left = victim.spec.prompt_tokens + victim.generated
-            victim.context = 0
-            victim.run_tokens = 0
-            victim.admitted_order = -1
-            victim.decoding = False
-            self.waiting.appendleft(victim)
+            self._preempt(self.admitted[-1])
+
+    def _preempt(self, victim: StepRequest) -> None:
+        """Recompute preemption of one admitted request: it goes back to the head of the queue."""
+        self._release_kv(victim)
+        self.preemptions += 1
+        victim.req.preemptions += 1
+        # Re-prefill the prompt and everything streamed so far; streamed tokens stay delivered.
+        victim.prompt_left = victim.spec.prompt_tokens + victim.generated
+        victim.context = 0
+        victim.run_tokens = 0
+        victim.admitted_order = -1
+        victim.decoding = False
+        self.waiting.appendleft(victim)

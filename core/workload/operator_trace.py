@@ -25,6 +25,8 @@ from pathlib import Path
 import numpy as np
 
 CSV_HEADER = ("timestamp_s", "input_tokens", "output_tokens", "task", "slo_e2e_s")
+# With `stage_slos`: the two budgets the e2e SLO is made of, as per-stage SLOs (what SLOs-Serve plans for).
+STAGE_CSV_HEADER = ("timestamp_s", "input_tokens", "output_tokens", "task", "slo_ttft_s", "slo_tpot_s")
 CV_RANGE = (3.0, 13.0)  # inter-arrival CVs seen in production LLM traces; the generator refuses others
 
 
@@ -61,6 +63,8 @@ class GeneratedTrace:
     output_tokens: np.ndarray  # int64
     task: list[str]
     slo_e2e_s: np.ndarray  # float64
+    slo_ttft_s: np.ndarray  # float64: the class's TTFT budget (the e2e SLO is this + slo_tpot_s x output)
+    slo_tpot_s: np.ndarray  # float64: the class's per-output-token budget
 
     def __len__(self) -> int:
         return len(self.timestamp_s)
@@ -69,23 +73,28 @@ class GeneratedTrace:
         gaps = np.diff(self.timestamp_s)
         return float(gaps.std() / gaps.mean())
 
-    def to_csv(self) -> str:
+    def to_csv(self, *, stage_slos: bool = False) -> str:
+        """The trace as CSV; `stage_slos`: a TTFT and a TPOT SLO per row instead of the e2e one."""
         out = io.StringIO()
-        out.write(",".join(CSV_HEADER) + "\n")
-        for t, p, o, k, s in zip(
+        out.write(",".join(STAGE_CSV_HEADER if stage_slos else CSV_HEADER) + "\n")
+        rows = zip(
             self.timestamp_s.tolist(),
             self.input_tokens.tolist(),
             self.output_tokens.tolist(),
             self.task,
             self.slo_e2e_s.tolist(),
+            self.slo_ttft_s.tolist(),
+            self.slo_tpot_s.tolist(),
             strict=True,
-        ):
-            out.write(f"{t:.3f},{p},{o},{k},{s:.2f}\n")
+        )
+        for t, p, o, k, e2e, ttft, tpot in rows:
+            slo = f"{ttft:g},{tpot:g}" if stage_slos else f"{e2e:.2f}"
+            out.write(f"{t:.3f},{p},{o},{k},{slo}\n")
         return out.getvalue()
 
-    def write(self, path: Path) -> None:
+    def write(self, path: Path, *, stage_slos: bool = False) -> None:
         """CSV, gzip-compressed when the name ends in .gz (with a zero timestamp: the same bytes every run)."""
-        data = self.to_csv().encode()
+        data = self.to_csv(stage_slos=stage_slos).encode()
         if path.name.endswith(".gz"):
             data = gzip.compress(data, compresslevel=9, mtime=0)
         path.write_bytes(data)
@@ -127,16 +136,22 @@ def generate_operator_trace(
     prompts = np.empty(rows, dtype=np.int64)
     outputs = np.empty(rows, dtype=np.int64)
     slo = np.empty(rows, dtype=float)
+    ttft = np.empty(rows, dtype=float)
+    tpot = np.empty(rows, dtype=float)
     for k, c in enumerate(classes):
         mask = chosen == k
         n = int(mask.sum())
         prompts[mask] = _lognormal(length_rngs[2 * k], c.prompt_mean, c.prompt_sigma, c.prompt_max, n)
         outputs[mask] = _lognormal(length_rngs[2 * k + 1], c.output_mean, c.output_sigma, c.output_max, n)
         slo[mask] = np.round(c.ttft_budget_s + c.per_token_budget_s * outputs[mask], 2)
+        ttft[mask] = c.ttft_budget_s
+        tpot[mask] = c.per_token_budget_s
     return GeneratedTrace(
         timestamp_s=timestamp,
         input_tokens=prompts,
         output_tokens=outputs,
         task=[classes[k].name for k in chosen.tolist()],
         slo_e2e_s=slo,
+        slo_ttft_s=ttft,
+        slo_tpot_s=tpot,
     )

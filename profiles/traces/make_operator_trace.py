@@ -2,6 +2,8 @@
 
     python profiles/traces/make_operator_trace.py                 # regenerate operator-example.csv.gz
     python profiles/traces/make_operator_trace.py --out my.csv --rows 5000 --rate 3 --cv 8 --seed 1
+    python profiles/traces/make_operator_trace.py --out slos-serve-trace.csv.gz --rows 3000 --rate 4.5 \
+        --cv 6 --seed 21 --stage-slos    # what profiles/slos-serve-trace.yaml replays
 
 The generator is core/workload/operator_trace.py (its docstring says what is realistic about it and why).
 Without arguments this writes the trace that profiles/operator-trace.yaml replays, byte for byte the same
@@ -37,12 +39,17 @@ def main(argv: list[str] | None = None) -> None:
         "--cv", type=float, default=DEFAULT_CV, help=f"inter-arrival CV, {CV_RANGE[0]:g}-{CV_RANGE[1]:g}"
     )
     parser.add_argument("--seed", type=int, default=DEFAULT_SEED)
+    parser.add_argument(
+        "--stage-slos",
+        action="store_true",
+        help="write each row's TTFT and TPOT SLOs (slo_ttft_s, slo_tpot_s) instead of its e2e SLO",
+    )
     args = parser.parse_args(argv)
     try:
         trace = generate_operator_trace(args.rows, rate_rps=args.rate, cv=args.cv, seed=args.seed)
     except ValueError as exc:
         parser.error(str(exc))
-    trace.write(args.out)
+    trace.write(args.out, stage_slos=args.stage_slos)
     long_prompts = int(np.sum(trace.input_tokens > 8192))
     print(
         f"wrote {len(trace)} requests to {args.out} ({args.out.stat().st_size:,} bytes): "

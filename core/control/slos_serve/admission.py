@@ -18,7 +18,10 @@ Model (the paper's, in "fluid" token rates):
   demand (their remaining tokens at their pace), prefilling ones are visited at their deadline and always
   taken. A new request is admitted only where no admitted request's budget goes negative.
 - KV memory: admitted requests (prompt + output, lengths known as in the paper's evaluation) must fit
-  in what the running requests leave of the KV cache.
+  in what the running requests leave of the KV cache; and sequence slots: with `max_seqs` (the engine's
+  max_num_seqs), no more are admitted than the running requests leave. The paper's memory check alone
+  let the DP admit a burst into an engine whose slots long decodes held, where the new requests queued
+  past their TTFT (on a bursty trace of long-output requests, a quarter of the admitted ones).
 - After the last deadline the admitted decode population must still fit the batches (prefill rate >= 0).
 """
 
@@ -69,6 +72,8 @@ class PlannerSettings:
     acceptance: float = 0.0
     # None: batches as large as the tightest TPOT allows (Algorithm 2); a share: the roofline's knee (budget.py).
     knee_efficiency: float | None = None
+    # The engine's sequence limit (max_num_seqs); None: no limit but memory.
+    max_seqs: int | None = None
 
 
 @dataclass(slots=True)
@@ -133,6 +138,8 @@ class AdmissionPlanner:
             if r.decode_start_s + r.decode_tokens * r.tpot_s > deadlines[-1]:
                 alive_at_end[tier_of[r.tpot_s]] += 1
         kv_free = self.settings.kv_capacity_tokens - sum(r.kv_tokens for r in running)
+        max_seqs = self.settings.max_seqs
+        slots_free = len(new) if max_seqs is None else max_seqs - len(running)
 
         states: dict[tuple[int, ...], _State] = {(0,) * n_tiers: _State(0.0, 0, 0, 0)}
         previous_t = now
@@ -156,7 +163,7 @@ class AdmissionPlanner:
                 _keep(grown, counts, state)
                 left = state.budget - req.prefill_tokens
                 memory = state.memory + req.kv_tokens
-                if left >= -EPSILON and memory <= kv_free and deadline > now:
+                if left >= -EPSILON and memory <= kv_free and state.new < slots_free and deadline > now:
                     _keep(grown, bigger, _State(left, memory, state.admitted | 1 << pos, state.new + 1))
             states = grown
 

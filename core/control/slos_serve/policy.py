@@ -13,6 +13,13 @@
   (with a fresh TTFT window, so it is served only where that costs no admitted request its SLOs) when a
   request finishes and every `best_effort_retry_s`; one still held at the end of the run becomes a
   `deferred` record. It counts in attainment as what it is: served late, or not served.
+  The tier reserves nothing where our step planner runs the engine (stepping.py gives it only the tokens SLO
+  requests leave and preempts it for an SLO request's memory or slot): there the admission DP for SLO
+  arrivals leaves the best-effort requests out. Issue 21's cause: priced in the DP as if they held SLOs,
+  they made every burst shrink the next one's admissions, and under bursty arrivals (inter-arrival CV 3-13)
+  the default configuration attained less than `best_effort: false` (tests/test_slos_serve_policy.py pins
+  it; docs/slos-serve.md has the figures). In front of vLLM's own batching (live, or `batch_formation:
+  false`) nothing keeps the tier to leftovers, so there the DP still counts it.
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ class SlosServePolicy(Policy):
             max_spec_len=max_spec,
             acceptance=calibration.default_acceptance,
             knee_efficiency=s.knee_efficiency,
+            max_seqs=knobs.max_num_seqs,
         )
         self.model = StepTimeModel.from_calibration(calibration)
         idle = BudgetModel(self.model, [1.0], max_batch_tokens=self.planner_settings.max_batch_tokens)
@@ -208,7 +216,9 @@ class SlosServePolicy(Policy):
             by_id = {r.request_id: r for r in waiting}
             plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
             self.invocations += 1
-            admission = replica.try_admit(now, plans)
+            # The tier reserves nothing only where our step planner gives it leftovers and preempts it for SLO
+            # requests; in front of vLLM's own batching (live, or batch_formation off) it competes as an equal.
+            admission = replica.try_admit(now, plans, best_effort=tier == TIER_BEST_EFFORT or engine is None)
             for rid in admission.admitted:
                 req = by_id.pop(rid)
                 req.tier = tier

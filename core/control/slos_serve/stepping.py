@@ -6,7 +6,10 @@ the requests whose next token falls due in this batch, each verifying 1 + its ti
 (sec. 3.2.3, chosen by budget.py for the population now decoding; a request that has fallen behind its
 pace verifies the longest allowed, the paper's "strengthen its SLO"); prefill chunks fill the rest,
 earliest prefill deadline first, then the best-effort tier. The engine draws how many drafted tokens are
-accepted (`accepted`).
+accepted (`accepted`). Queued SLO requests are admitted before queued best-effort ones, and where one needs
+KV memory or a sequence slot that best-effort requests hold, the newest of those are preempted (recompute:
+their streamed tokens stay delivered, they resume with one prefill) (sec. 4.1: the tier yields to SLO
+requests; the admission DP reserves nothing for it, virtual.py).
 
 A request's token deadlines are the ones the metrics judge: its first token by arrival + TTFT SLO (for a
 best-effort request: the fresh window it was released with), then token j after the first by
@@ -64,11 +67,15 @@ class SlosServeStepPlanner:
 
     def plan(self, replica: Any, now: float) -> Any:
         self.replica = replica
+        admitting, preempt = self._admissions(replica)
+        evicted = {id(item) for item in preempt}
         decodes: list[DecodeTask] = []
         by_id: dict[int, Any] = {}
         tpots: list[float] = []
         behind: set[int] = set()
         for item in replica.decoding:
+            if id(item) in evicted:
+                continue
             _, tpot, best_effort = self._deadlines(item)
             first = item.chunk_times[0] if item.chunk_times else now
             due = first + item.generated * tpot
@@ -80,18 +87,7 @@ class SlosServeStepPlanner:
                 if due < now:
                     behind.add(rid)
         prefills: list[PrefillTask] = []
-        order: list[Any] = list(replica.prefilling)
-        room = replica.max_seqs - replica.running
-        kv_free = replica.kv_capacity - replica.kv_used
-        for item in replica.waiting:
-            # Admit from the queue only what the KV cache holds (the replica admits in order and stops at
-            # the first that does not fit: a plan that gives its budget to such a request runs nothing).
-            need = -(-(item.context + item.prompt_left + 1) // replica.block) * replica.block - item.context
-            if room <= 0 or need > kv_free:
-                break
-            order.append(item)
-            room -= 1
-            kv_free -= need
+        order = [item for item in replica.prefilling if id(item) not in evicted] + admitting
         for item in order:
             deadline, tpot, best_effort = self._deadlines(item)
             rid = item.req.spec.request_id
@@ -117,7 +113,7 @@ class SlosServeStepPlanner:
             knee_efficiency=self.settings.knee_efficiency,
         )
         batch = form_batch(now, decodes, prefills, budget)
-        plan = BatchPlan()
+        plan = BatchPlan(preempt=preempt)
         longest = self.settings.max_spec_len if budget.max_spec_len else 0
         for rid, verified in batch.decode.items():
             if rid in behind and longest:
@@ -129,6 +125,44 @@ class SlosServeStepPlanner:
         plan.prefill = admitted
         plan.spec_steps = max((v - 1 for _, v in plan.decode), default=0)
         return plan
+
+    def _admissions(self, replica: Any) -> tuple[list[Any], list[Any]]:
+        """Which queued requests may be admitted this step, SLO requests before best-effort ones, and which
+        best-effort requests to preempt (newest first) so that a queued SLO request gets the KV memory or
+        the slot it needs (paper 004 sec. 4.1: the tier runs on leftovers and yields to SLO requests)."""
+        room = replica.max_seqs - replica.running
+        kv_free = replica.kv_capacity - replica.kv_used
+        victims = sorted(
+            (item for item in (*replica.prefilling, *replica.decoding) if self._best_effort(item)),
+            key=lambda item: -item.admitted_order,
+        )
+        reclaimable = sum(item.context + item.run_tokens for item in victims)
+        queued = sorted(replica.waiting, key=self._best_effort)  # stable: SLO requests first, each in order
+        admitting: list[Any] = []
+        preempt: list[Any] = []
+        for item in queued:
+            # Admit only what the KV cache holds (the replica admits in order and stops at the first that does
+            # not fit: a plan that gives its budget to such a request runs nothing).
+            need = -(-(item.context + item.prompt_left + 1) // replica.block) * replica.block - item.context
+            fits_after_preemption = room + len(victims) > 0 and need <= kv_free + reclaimable
+            if not self._best_effort(item) and fits_after_preemption:
+                while room <= 0 or need > kv_free:
+                    victim = victims.pop(0)
+                    freed = victim.context + victim.run_tokens
+                    preempt.append(victim)
+                    room += 1
+                    kv_free += freed
+                    reclaimable -= freed
+            if room <= 0 or need > kv_free:
+                break
+            admitting.append(item)
+            room -= 1
+            kv_free -= need
+        return admitting, preempt
+
+    @staticmethod
+    def _best_effort(item: Any) -> bool:
+        return bool(item.req.tier == TIER_BEST_EFFORT)
 
     def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
         return draw_accepted(rng, request.acceptance, verified - 1)

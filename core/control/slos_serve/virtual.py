@@ -4,6 +4,9 @@ fluid model between events (prefill budget spent earliest-deadline-first, decode
 that each admission decision starts from where the plan says the replica is, without reading engine
 internals. Where the engine can tell the truth (the simulator's step planner), `observe` overrides the
 estimate with the real progress.
+
+Best-effort requests are tracked too, but an SLO arrival's admission is planned without them (`try_admit`):
+pricing them as SLO-holding running requests was what made admission far too conservative after a burst.
 """
 
 from __future__ import annotations
@@ -127,10 +130,24 @@ class VirtualReplica:
             knee_efficiency=settings.knee_efficiency,
         )
 
-    def running(self, now: float) -> list[PlanRequest]:
+    def running(self, now: float, *, best_effort: bool = True) -> list[PlanRequest]:
+        """What the replica holds and still owes work to, as the DP sees it; `best_effort=False` leaves out
+        the best-effort tier (it reserves nothing: see `try_admit`)."""
         self.advance(now)
-        return [t.as_plan() for t in self.requests.values() if t.prefill_left > 0 or t.decode_left > 0]
+        return [
+            t.as_plan()
+            for t in self.requests.values()
+            if (t.prefill_left > 0 or t.decode_left > 0) and (best_effort or not t.best_effort)
+        ]
 
-    def try_admit(self, now: float, new: Sequence[PlanRequest]) -> Admission:
-        """The admission DP for `new` on top of what this replica already holds."""
-        return self.planner.admit(now, self.running(now), new)
+    def try_admit(self, now: float, new: Sequence[PlanRequest], *, best_effort: bool = False) -> Admission:
+        """The admission DP for `new` on top of what this replica already holds.
+
+        For SLO requests (`best_effort=False`) the best-effort requests the replica serves are not in the
+        DP: that tier runs on what the SLO requests leave and yields to them (paper 004 sec. 4.1; the step
+        planner gives it only leftover tokens and preempts it for an SLO request's memory or slot). Priced
+        as running requests, they reserved a TTFT and a TPOT pace each, so every best-effort request served
+        after a burst made the DP decline more of the next burst, which went to the tier, and so on (the
+        cause this module's admission was too conservative under bursty arrivals). A best-effort retry
+        (`best_effort=True`) is planned on top of everything, so the tier does not crowd itself out."""
+        return self.planner.admit(now, self.running(now, best_effort=best_effort), new)
