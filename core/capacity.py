@@ -14,13 +14,16 @@ within every SLO that applies; rejected and deferred requests count against it. 
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 from core.events import EventSink, make_event, null_sink
+from core.executor import Executor
 from core.jobs import RunOptions, run_workload
 from core.profile import Profile, ProfileError, parse_scheduling_mode
 
@@ -152,7 +155,8 @@ def _probe_dict(p: Probe) -> dict[str, Any]:
     }
 
 
-async def _probe(scaling: ArrivalScaling, mode: str, rate: float, options: RunOptions) -> Probe:
+async def probe_task(scaling: ArrivalScaling, mode: str, rate: float, options: RunOptions) -> Probe:
+    """One probe: `mode` serving the profile's arrivals at `rate` (an executor task, core/executor.py)."""
     from core.backends.factory import make_backend
 
     start = time.perf_counter()
@@ -184,8 +188,11 @@ async def find_capacity(
     target: float = TARGET_ATTAINMENT,
     rel_tol: float = 0.03,
     sink: EventSink = null_sink,
+    executor: Executor | None = None,
 ) -> CapacityResult:
-    """Bracket, then bisect, the highest rate with attainment >= target."""
+    """Bracket, then bisect, the highest rate with attainment >= target. Each probe is a task on `executor`
+    (default: this process); the next rate depends on the last answer, so one mode's probes run in turn."""
+    executor = executor or Executor()
     scaling = ArrivalScaling.of(profile, requests)
     options = RunOptions(seed=profile.seed if seed is None else seed, requests=requests, engine_events=False)
     result = CapacityResult(
@@ -193,7 +200,7 @@ async def find_capacity(
     )
 
     async def probe(rate: float) -> bool:
-        p = await _probe(scaling, mode, rate, options)
+        p = await executor.run(f"{mode} at {rate:.4g} req/s", probe_task, scaling, mode, rate, options)
         result.probes.append(p)
         sink(make_event("capacity_probe", mode=mode, **_probe_dict(p)))
         return p.attainment >= target
@@ -238,10 +245,12 @@ async def run_capacity(
     requests: int | None = None,
     rel_tol: float = 0.03,
     sink: EventSink = null_sink,
+    executor: Executor | None = None,
 ) -> list[CapacityResult]:
     """Every mode's capacity (default: all of core/modes.py `MODES`), on the same seeded workload."""
     from core.modes import MODES
 
+    executor = executor or Executor()
     names = [parse_scheduling_mode(name, "mode") for name in (MODES if modes is None else modes)]
     scaling = ArrivalScaling.of(profile, requests)  # refuses closed loops before any mode runs
     sink(
@@ -255,15 +264,27 @@ async def run_capacity(
             base_rate_rps=scaling.base_rate_rps,
         )
     )
-    results = []
-    for name in names:
+
+    async def one(name: str) -> CapacityResult | str:
         try:
-            found = await find_capacity(profile, name, seed=seed, requests=requests, rel_tol=rel_tol, sink=sink)
+            return await find_capacity(
+                profile, name, seed=seed, requests=requests, rel_tol=rel_tol, sink=sink, executor=executor
+            )
         except ProfileError as exc:  # a mode this workload cannot run (as --job compare skips it)
-            sink(make_event("capacity_row", mode=name, skipped=str(exc)))
-            continue
-        sink(make_event("capacity_row", mode=name, **found.fields()))
-        results.append(found)
+            return str(exc)
+
+    # A bisection is sequential, so the modes are what runs side by side on a parallel executor: every mode's
+    # probes are in flight together, and the rows come out in the modes' order.
+    results = []
+    async with contextlib.aclosing(executor.in_order([partial(one, name) for name in names])) as found_all:
+        index = 0
+        async for found in found_all:
+            name, index = names[index], index + 1
+            if isinstance(found, str):
+                sink(make_event("capacity_row", mode=name, skipped=found))
+                continue
+            sink(make_event("capacity_row", mode=name, **found.fields()))
+            results.append(found)
     return results
 
 
