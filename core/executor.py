@@ -26,11 +26,13 @@ import importlib.util
 import multiprocessing
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Literal, TypeVar, get_args
 
 from core.events import EventSink, make_event, null_sink
@@ -58,9 +60,12 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _run_task(fn: Task, args: tuple[Any, ...]) -> Any:
-    """A task in a worker process or a Ray worker: its own event loop, run to the end."""
-    return asyncio.run(fn(*args))
+def _run_task(fn: Task, args: tuple[Any, ...]) -> tuple[Any, float, float]:
+    """A task in a worker process or a Ray worker: its own event loop, run to the end. Returns the result, and
+    the wall and CPU seconds it took there (the progress event's figures: a queued task's wait is not its cost)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = asyncio.run(fn(*args))
+    return result, time.perf_counter() - wall, time.process_time() - cpu
 
 
 class Executor:
@@ -78,25 +83,29 @@ class Executor:
     async def run(self, label: str, fn: Task, *args: Any) -> Any:
         """`await fn(*args)` where this executor runs tasks; `label` names it in the progress events."""
         self.started += 1
-        start = time.perf_counter()
-        result = await self._run(fn, args)
+        if not self.parallel:
+            result = await fn(*args)
+            self.done += 1
+            return result
+        result, wall_s, cpu_s = await self._run(fn, args)
         self.done += 1
-        if self.parallel:
-            self.sink(
-                make_event(
-                    "task_done",
-                    job=self.job,
-                    task=label,
-                    executor=self.kind,
-                    done=self.done,
-                    started=self.started,
-                    wall_s=time.perf_counter() - start,
-                )
+        self.sink(
+            make_event(
+                "task_done",
+                job=self.job,
+                task=label,
+                executor=self.kind,
+                done=self.done,
+                started=self.started,
+                wall_s=wall_s,
+                cpu_s=cpu_s,
             )
+        )
         return result
 
-    async def _run(self, fn: Task, args: tuple[Any, ...]) -> Any:
-        return await fn(*args)
+    async def _run(self, fn: Task, args: tuple[Any, ...]) -> tuple[Any, float, float]:
+        """A parallel executor's `_run_task(fn, args)` where it runs tasks."""
+        raise NotImplementedError
 
     async def in_order(self, starts: Sequence[Callable[[], Awaitable[T]]]) -> AsyncIterator[T]:
         """Each awaitable's result, in the order given. Serial: each is started when the one before has
@@ -141,8 +150,27 @@ def pool_context(preload: Sequence[str] = ()) -> multiprocessing.context.BaseCon
     if "forkserver" in methods:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(list(preload))
-        return context
-    return multiprocessing.get_context("spawn")
+    else:
+        context = multiprocessing.get_context("spawn")
+    _start_helper_processes(context)
+    return context
+
+
+def _start_helper_processes(context: multiprocessing.context.BaseContext) -> None:
+    """Start multiprocessing's resource tracker (and the fork server) now, with a real stderr to inherit:
+    the console's Textual replaces sys.stderr with a capture whose file descriptor is -1, which the tracker's
+    start refuses ("bad value(s) in fds_to_keep")."""
+    from multiprocessing import forkserver, resource_tracker
+
+    try:
+        usable = sys.stderr is not None and sys.stderr.fileno() >= 0
+    except (AttributeError, OSError, ValueError):
+        usable = False
+    real = sys.__stderr__
+    with contextlib.nullcontext() if usable or real is None else contextlib.redirect_stderr(real):
+        resource_tracker.ensure_running()
+        if context.get_start_method() == "forkserver":
+            forkserver.ensure_running()
 
 
 class ProcessExecutor(Executor):
@@ -244,3 +272,18 @@ class ExecutorSpec:
 
 
 SERIAL = ExecutorSpec(workers=1)
+
+
+def run_tasks(
+    spec: ExecutorSpec, calls: Sequence[tuple[str, Task, tuple[Any, ...]]], sink: EventSink = null_sink
+) -> list[Any]:
+    """Outside an event loop (the benchmarks): every `(label, fn, args)` on `spec`'s executor, the results
+    in the order of `calls`."""
+
+    async def main() -> list[Any]:
+        async with spec.open(sink) as executor:
+            starts = [partial(executor.run, label, fn, *args) for label, fn, args in calls]
+            async with contextlib.aclosing(executor.in_order(starts)) as results:
+                return [result async for result in results]
+
+    return asyncio.run(main())

@@ -70,6 +70,7 @@ def test_compare_on_two_workers_gives_the_serial_table_byte_for_byte() -> None:
     assert [without_wall(e) for e in pooled_events if e["event"] != "task_done"] == rows
     done = [e for e in pooled_events if e["event"] == "task_done"]
     assert len(done) == 4 + 3 and {e["executor"] for e in done} == {"local"}  # 4 modes, 3 static caps
+    assert all(e["cpu_s"] > 0 and e["wall_s"] > 0 for e in done)  # measured where the task ran
     assert not any(e["event"] == "task_done" for e in serial_events)
     # The factsheet's run keeps its records; the request records are the serial run's.
     mode = profile.mode

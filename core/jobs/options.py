@@ -69,6 +69,8 @@ class OperatorOptions:
             raise UsageError(f"--workers must be at least 1 (got {self.workers}); 1 runs one simulation at a time")
         if self.executor not in EXECUTOR_KINDS:
             raise UsageError(f"--executor {self.executor}: choose one of: {', '.join(EXECUTOR_KINDS)}")
+        if self.workers is not None and self.executor == "ray":
+            raise UsageError("--workers sizes the local pool; on Ray each run takes one CPU of the cluster: drop it")
         if self.ray_address and self.executor != "ray":
             raise UsageError("--ray-address is for --executor ray; add --executor ray or drop --ray-address")
         if self.executor == "ray" and not ray_installed():
