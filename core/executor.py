@@ -130,6 +130,7 @@ class Executor:
 
 
 def _pool_worker_init() -> None:
+    _end_with_parent()
     # The parent owns Ctrl-C: it cancels the job and terminates the workers, which must not print
     # KeyboardInterrupt tracebacks of their own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -137,6 +138,20 @@ def _pool_worker_init() -> None:
     asyncio.events._set_running_loop(None)
     with contextlib.suppress(ValueError):
         signal.set_wakeup_fd(-1)
+
+
+def _end_with_parent() -> None:
+    """A worker whose parent is killed outright (SIGKILL: no chance to end the pool) would wait on the task
+    queue forever, since it holds the queue's write end itself. On Linux the kernel ends it with its parent
+    (the command, or the fork server, which ends with the command)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent died before the line above
+        os._exit(1)
 
 
 def pool_context(preload: Sequence[str] = ()) -> multiprocessing.context.BaseContext:

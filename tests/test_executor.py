@@ -8,7 +8,11 @@ import asyncio
 import contextlib
 import json
 import os
+import subprocess
+import sys
 import time
+from pathlib import Path
+from subprocess import DEVNULL
 from typing import Any
 
 import pytest
@@ -24,6 +28,7 @@ from core.tune.job import run_tune
 from tests.fakes import run_batch
 
 POOL = ExecutorSpec(workers=2)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def small_saber_w1() -> Profile:
@@ -171,6 +176,38 @@ def test_cancelling_the_job_terminates_the_pools_workers() -> None:
 
     asyncio.run(main())
     assert len(processes) == 2 and not any(p.is_alive() for p in processes)
+
+
+def children_of(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan that nobody has reaped yet is gone all the same)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_killing_the_command_outright_ends_its_workers() -> None:
+    command = [sys.executable, "-m", "console", "--batch", "--profile", "saber-w1", "--job", "compare"]
+    proc = subprocess.Popen([*command, "--workers", "2"], cwd=ROOT, stdout=DEVNULL, stderr=DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while len(children_of(proc.pid)) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = children_of(proc.pid)
+        assert len(workers) == 2, "the pool never started"
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 10
+    while any(running(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(running(pid) for pid in workers)
 
 
 def test_one_worker_is_the_serial_path_in_this_process() -> None:
