@@ -14,6 +14,7 @@ within every SLO that applies; rejected and deferred requests count against it. 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
@@ -189,9 +190,13 @@ async def find_capacity(
     rel_tol: float = 0.03,
     sink: EventSink = null_sink,
     executor: Executor | None = None,
+    lookahead: bool = False,
 ) -> CapacityResult:
     """Bracket, then bisect, the highest rate with attainment >= target. Each probe is a task on `executor`
-    (default: this process); the next rate depends on the last answer, so one mode's probes run in turn."""
+    (default: this process); the next rate depends on the last answer, so one mode's probes run in turn.
+    `lookahead` (an executor with CPUs to spare): while the bisection probes a rate, it also starts both
+    rates the next step may ask for, so that step's answer is ready sooner. Only the probes the bisection
+    asks for are recorded; the other is dropped (same probes, same answer, half the work wasted)."""
     executor = executor or Executor()
     scaling = ArrivalScaling.of(profile, requests)
     options = RunOptions(seed=profile.seed if seed is None else seed, requests=requests, engine_events=False)
@@ -199,8 +204,16 @@ async def find_capacity(
         mode, profile.replicas, 0.0, base_rate_rps=scaling.base_rate_rps, arrival_source=scaling.source
     )
 
+    ahead: dict[float, asyncio.Task[Probe]] = {}  # rates started before the bisection asked for them
+
+    def start(rate: float) -> asyncio.Task[Probe]:
+        if rate not in ahead:
+            label = f"{mode} at {rate:.4g} req/s"
+            ahead[rate] = asyncio.ensure_future(executor.run(label, probe_task, scaling, mode, rate, options))
+        return ahead[rate]
+
     async def probe(rate: float) -> bool:
-        p = await executor.run(f"{mode} at {rate:.4g} req/s", probe_task, scaling, mode, rate, options)
+        p = await start(rate)
         result.probes.append(p)
         sink(make_event("capacity_probe", mode=mode, **_probe_dict(p)))
         return p.attainment >= target
@@ -225,13 +238,21 @@ async def find_capacity(
                 low = rate
                 break
             high = rate
-    if low > 0.0 and high > low:
-        while (high - low) > rel_tol * high:
-            middle = (low + high) / 2.0
-            if await probe(middle):
-                low = middle
-            else:
-                high = middle
+    try:
+        if low > 0.0 and high > low:
+            while (high - low) > rel_tol * high:
+                middle = (low + high) / 2.0
+                if lookahead:  # the next step's middle, whichever way this one goes (the same float expression)
+                    start(middle)
+                    start((low + middle) / 2.0)
+                    start((middle + high) / 2.0)
+                if await probe(middle):
+                    low = middle
+                else:
+                    high = middle
+    finally:
+        for task in ahead.values():
+            task.cancel()  # done ones ignore it; a probe the bisection never asked for is dropped
     result.capacity_rps = low
     result.bracket = (low, high)
     return result
@@ -268,13 +289,22 @@ async def run_capacity(
     async def one(name: str) -> CapacityResult | str:
         try:
             return await find_capacity(
-                profile, name, seed=seed, requests=requests, rel_tol=rel_tol, sink=sink, executor=executor
+                profile,
+                name,
+                seed=seed,
+                requests=requests,
+                rel_tol=rel_tol,
+                sink=sink,
+                executor=executor,
+                lookahead=lookahead,
             )
         except ProfileError as exc:  # a mode this workload cannot run (as --job compare skips it)
             return str(exc)
 
     # A bisection is sequential, so the modes are what runs side by side on a parallel executor: every mode's
-    # probes are in flight together, and the rows come out in the modes' order.
+    # probes are in flight together, and the rows come out in the modes' order. With CPUs for three probes per
+    # mode, each bisection also looks a step ahead.
+    lookahead = executor.parallel and executor.slots() >= 3 * len(names)
     results = []
     async with contextlib.aclosing(executor.in_order([partial(one, name) for name in names])) as found_all:
         index = 0

@@ -103,6 +103,10 @@ class Executor:
         )
         return result
 
+    def slots(self) -> int:
+        """How many tasks run at once (a caller with work to spare may start more than it needs)."""
+        return 1
+
     async def _run(self, fn: Task, args: tuple[Any, ...]) -> tuple[Any, float, float]:
         """A parallel executor's `_run_task(fn, args)` where it runs tasks."""
         raise NotImplementedError
@@ -198,6 +202,10 @@ class ProcessExecutor(Executor):
         super().__init__(sink, job)
         self.workers = workers
         self.pool: ProcessPoolExecutor | None = None
+        self.abandoned = 0  # tasks cancelled while they ran
+
+    def slots(self) -> int:
+        return self.workers
 
     async def _run(self, fn: Task, args: tuple[Any, ...]) -> Any:
         if self.pool is None:
@@ -207,14 +215,17 @@ class ProcessExecutor(Executor):
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            self.close(cancelled=True)  # a running task cannot be cancelled in its process: end the process
+            # A queued task is dropped; a running one cannot be stopped inside its process: the pool is then
+            # ended at close instead of waited for (Ctrl-C, or a look-ahead probe nobody needs any more).
+            if not future.cancel():
+                self.abandoned += 1
             raise
 
     def close(self, *, cancelled: bool = False) -> None:
         pool, self.pool = self.pool, None
         if pool is None:
             return
-        if not cancelled:
+        if not (cancelled or self.abandoned):
             pool.shutdown(wait=True)
             return
         processes = list((getattr(pool, "_processes", None) or {}).values())
@@ -244,6 +255,9 @@ class RayExecutor(Executor):
             # Workers' output stays in Ray's logs: stdout is the batch contract's JSON Lines.
             ray.init(address=address, include_dashboard=False, log_to_driver=False, configure_logging=False)
         self.remote = ray.remote(num_cpus=1, max_retries=0)(_run_task)
+
+    def slots(self) -> int:
+        return int(self.ray.cluster_resources().get("CPU", 1))
 
     async def _run(self, fn: Task, args: tuple[Any, ...]) -> Any:
         ref = self.remote.remote(fn, args)

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
+from core.capacity import find_capacity, run_capacity
 from core.capacity import format_table as capacity_table
-from core.capacity import run_capacity
 from core.compare import compare_summary_event, format_table, run_compare
 from core.events import Event
 from core.executor import SERIAL, ExecutorSpec, RayMissing
@@ -83,15 +83,16 @@ def test_compare_on_two_workers_gives_the_serial_table_byte_for_byte() -> None:
 
 
 def test_capacity_on_two_workers_gives_the_serial_table_and_probes() -> None:
-    profile = load_profile("saber-w1")
+    profile = load_profile("quickstart")
 
     async def capacity(spec: ExecutorSpec) -> list[Any]:
         async with spec.open() as executor:
-            return await run_capacity(profile, modes=["fcfs", "adaserve"], requests=150, rel_tol=0.1, executor=executor)
+            return await run_capacity(profile, modes=["fcfs", "adaserve"], requests=300, rel_tol=0.1, executor=executor)
 
     serial = asyncio.run(capacity(SERIAL))
     pooled = asyncio.run(capacity(POOL))
     assert capacity_table(profile, pooled) == capacity_table(profile, serial)
+    assert all(r.capacity_rps > 0 for r in serial)  # bisected, not given up at the bracket
     assert [without_wall(r.fields()) for r in pooled] == [without_wall(r.fields()) for r in serial]
 
 
@@ -251,3 +252,20 @@ def test_batch_compare_with_workers_1_and_2_prints_the_same_table() -> None:
     assert len(printed_table(one.stderr)) == 1 + 5 + 1  # header, 4 modes and the best static cap, verdict
     summaries = [json.loads(proc.stdout.splitlines()[-1]) for proc in (one, two)]
     assert without_wall(summaries[1]) == without_wall(summaries[0])
+
+
+def test_capacity_looking_ahead_asks_the_same_probes_and_finds_the_same_capacity() -> None:
+    profile = load_profile("quickstart")
+
+    async def capacity(spec: ExecutorSpec, lookahead: bool) -> tuple[Any, int]:
+        async with spec.open() as executor:
+            found = await find_capacity(
+                profile, "fcfs", requests=300, rel_tol=0.02, executor=executor, lookahead=lookahead
+            )
+            return found, executor.started
+
+    serial, _ = asyncio.run(capacity(SERIAL, False))
+    ahead, started = asyncio.run(capacity(POOL, True))
+    assert serial.capacity_rps > 0 and len(serial.probes) >= 5  # a bisection of several steps to look ahead in
+    assert started > len(ahead.probes)  # it did start probes nobody asked for yet
+    assert without_wall(ahead.fields()) == without_wall(serial.fields())
