@@ -64,22 +64,27 @@ async def compare_on(spec: ExecutorSpec, profile: Profile) -> tuple[Any, list[Ev
     return result, events
 
 
-def test_compare_on_two_workers_gives_the_serial_table_byte_for_byte() -> None:
+def assert_compare_as_serial(spec: ExecutorSpec) -> None:
+    """Compare on `spec` gives the serial table, summary and events (plus one `task_done` per task)."""
     profile = small_saber_w1()
     serial, serial_events = asyncio.run(compare_on(SERIAL, profile))
-    pooled, pooled_events = asyncio.run(compare_on(POOL, profile))
-    assert format_table(pooled) == format_table(serial)
-    assert without_wall(compare_summary_event(pooled)) == without_wall(compare_summary_event(serial))
-    # Rows in the same order, whatever finished first; the pool adds one progress event per task.
+    other, other_events = asyncio.run(compare_on(spec, profile))
+    assert format_table(other) == format_table(serial)
+    assert without_wall(compare_summary_event(other)) == without_wall(compare_summary_event(serial))
+    # Rows in the same order, whatever finished first; a parallel executor adds one progress event per task.
     rows = [without_wall(e) for e in serial_events]
-    assert [without_wall(e) for e in pooled_events if e["event"] != "task_done"] == rows
-    done = [e for e in pooled_events if e["event"] == "task_done"]
-    assert len(done) == 4 + 3 and {e["executor"] for e in done} == {"local"}  # 4 modes, 3 static caps
+    assert [without_wall(e) for e in other_events if e["event"] != "task_done"] == rows
+    done = [e for e in other_events if e["event"] == "task_done"]
+    assert len(done) == 4 + 3 and {e["executor"] for e in done} == {spec.kind}  # 4 modes, 3 static caps
     assert all(e["cpu_s"] > 0 and e["wall_s"] > 0 for e in done)  # measured where the task ran
     assert not any(e["event"] == "task_done" for e in serial_events)
     # The factsheet's run keeps its records; the request records are the serial run's.
     mode = profile.mode
-    assert [r.e2e_s for r in pooled.runs[mode].records] == [r.e2e_s for r in serial.runs[mode].records]
+    assert [r.e2e_s for r in other.runs[mode].records] == [r.e2e_s for r in serial.runs[mode].records]
+
+
+def test_compare_on_two_workers_gives_the_serial_table_byte_for_byte() -> None:
+    assert_compare_as_serial(POOL)
 
 
 def test_capacity_on_two_workers_gives_the_serial_table_and_probes() -> None:

@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from core.compare import compare_summary_event, format_table
-from core.executor import SERIAL, ExecutorSpec
+from core.executor import ExecutorSpec
 from tests import test_executor
 from tests.fakes import run_batch
-from tests.test_executor import compare_on, printed_table, sleepy, small_saber_w1, without_wall
+from tests.test_executor import assert_compare_as_serial, printed_table, sleepy
 
 ray = pytest.importorskip("ray")
 RAY = ExecutorSpec("ray")
@@ -34,16 +33,7 @@ def local_ray() -> Iterator[None]:
 
 
 def test_compare_as_ray_tasks_gives_the_serial_table() -> None:
-    profile = small_saber_w1()
-    serial, serial_events = asyncio.run(compare_on(SERIAL, profile))
-    on_ray, ray_events = asyncio.run(compare_on(RAY, profile))
-    assert format_table(on_ray) == format_table(serial)
-    assert without_wall(compare_summary_event(on_ray)) == without_wall(compare_summary_event(serial))
-    assert [without_wall(e) for e in ray_events if e["event"] != "task_done"] == [
-        without_wall(e) for e in serial_events
-    ]
-    done = [e for e in ray_events if e["event"] == "task_done"]
-    assert len(done) == 7 and {e["executor"] for e in done} == {"ray"}
+    assert_compare_as_serial(RAY)
     assert ray.is_initialized()  # the executor joined the running Ray and left it running
 
 
