@@ -6,8 +6,9 @@
 Jobs: each round runs `slo-console --batch --profile P --job J --workers W` once per W, the order alternating
 between rounds (a machine that gets busier or quieter during the run favours neither), and reports per run:
 wall time of the whole command, the job's own wall (`compare_wall_s`, without Python's start-up and imports),
-CPU time of the command and its workers (user + sys), and the 1-minute load average when it started (on a
-shared machine other work takes the cores; CPU time is the figure it does not change much). It checks that
+CPU time of the command and its workers (user + sys), the 1-minute load average when it started (on a
+shared machine other work takes the cores; CPU time is the figure it does not change much), and for pool
+runs the CPU seconds of its tasks (`task_done` events): their sum and the largest one. It checks that
 every run printed the same summary apart from wall-clock fields. Start-up: the time from creating a 2-process
 pool until two tasks that import the compare job have run, per start method (core/executor.py
 `pool_context`), in a parent that has imported it already (as the batch CLI has).
@@ -52,8 +53,12 @@ def run_job(profile: str, job: str, workers: int) -> dict[str, Any]:
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         raise SystemExit(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr}")
-    summary = json.loads(proc.stdout.splitlines()[-1])
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    summary = events[-1]
+    tasks = [e["cpu_s"] for e in events if e["event"] == "task_done"]
     return {
+        "tasks_cpu_s": sum(tasks),
+        "largest_task_cpu_s": max(tasks, default=0.0),
         "workers": workers,
         "wall_s": wall,
         "job_wall_s": summary.get(f"{job}_wall_s", float("nan")),
@@ -66,14 +71,14 @@ def run_job(profile: str, job: str, workers: int) -> dict[str, Any]:
 def jobs(args: argparse.Namespace) -> None:
     counts = [int(w) for w in args.workers.split(",")]
     runs: list[dict[str, Any]] = []
-    print("round  workers  wall s  job wall s  CPU s  load (1 min)")
+    print("round  workers  wall s  job wall s  CPU s  load (1 min)  tasks' CPU s: sum, largest (pool runs)")
     for round_index in range(args.rounds):
         for workers in counts if round_index % 2 == 0 else counts[::-1]:
             run = run_job(args.profile, args.job, workers)
             runs.append(run)
             print(
                 f"{round_index:5d}  {workers:7d}  {run['wall_s']:6.2f}  {run['job_wall_s']:10.2f}  "
-                f"{run['cpu_s']:5.2f}  {run['load']:5.2f}",
+                f"{run['cpu_s']:5.2f}  {run['load']:12.2f}  {run['tasks_cpu_s']:.2f}, {run['largest_task_cpu_s']:.2f}",
                 flush=True,
             )
     identical = all(run["summary"] == runs[0]["summary"] for run in runs)
