@@ -20,7 +20,9 @@ Searches (a truth segment stands for one live segment: a vLLM restart, warm-up a
              simrank climb in the truth (the default, core/tune/guided.py)
 halving, simrank and guided get BUDGET truth segments, the final re-measurement included.
 
-    python benchmarks/tuner_vs_grid.py [--scenarios N] [--jobs J] [--cache DIR]
+    python benchmarks/tuner_vs_grid.py [--scenarios N] [--workers N | --executor ray [--ray-address A]] [--cache DIR]
+
+Scenarios run side by side on the executor seam (core/executor.py; --workers 1: one after another here).
 
 Segments are shortened (tuner.sim_min_requests 400 / 30 s) so that the grids run in minutes.
 """
@@ -28,14 +30,11 @@ Segments are shortened (tuner.sim_min_requests 400 / 30 s) so that the grids run
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
-import os
 import pickle
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks._executor_args import add_executor_arguments, describe, executor_spec, run_tasks
 from core.profile import Calibration, Profile, load_calibration, load_profile
 from core.tune.evaluator import Evaluator
 from core.tune.guided import guided_search
@@ -57,7 +57,6 @@ ALGORITHMS = ("hillclimb", "halving", "simrank", "guided")
 BUDGET = 16  # truth ("live-equivalent") segments, final re-measurement included
 GOAL_SHARE = 0.95
 TUNER = {"sim_min_requests": 400, "sim_min_duration_s": 30.0}
-CACHE_ENV = "TUNER_VS_GRID_CACHE"
 TRUTH_SEED_OFFSET = 1000  # the truth's noise seed differs from the guide's
 # Calibration error: each coefficient times exp(N(0, sigma)), clipped; acceptance shifted, noise scaled.
 COEFF_SIGMA = 0.45
@@ -252,16 +251,17 @@ async def _search(
     return result.best.point.config_key, target.used + 1, len(guide.asked), sim_wall  # + the final re-measurement
 
 
-def run_scenario(index: int) -> dict[str, Any]:
+async def run_scenario(index: int, cache_dir: str | None) -> dict[str, Any]:
+    """One scenario's row (an executor task: its index in, the row out)."""
     scenario = SCENARIOS[index]
     truth, guide_profile, truth_cal, guide_cal = build(scenario)
     truth_run, guide_run = CachedRunner(truth, truth_cal), CachedRunner(guide_profile, guide_cal)
-    cache = Path(os.environ[CACHE_ENV]) / f"scenario-{index}.pickle" if os.environ.get(CACHE_ENV) else None
+    cache = Path(cache_dir) / f"scenario-{index}.pickle" if cache_dir else None
     if cache is not None and cache.exists():
         truth_run.cache, guide_run.cache = pickle.loads(cache.read_bytes())
     started = time.perf_counter()
-    grid = asyncio.run(_grid(truth, truth_run))
-    guide_grid = asyncio.run(_grid(guide_profile, guide_run))
+    grid = await _grid(truth, truth_run)
+    guide_grid = await _grid(guide_profile, guide_run)
     misses = [
         abs(guide_grid[key][1] / grid[key][1] - 1)
         for key in grid
@@ -283,7 +283,7 @@ def run_scenario(index: int) -> dict[str, Any]:
         "guide_optimum": max(guide_grid, key=lambda k: guide_grid[k][0]),
     }
     for algorithm in ALGORITHMS:
-        key, used, sim_evals, sim_wall = asyncio.run(_search(algorithm, truth, guide_profile, truth_run, guide_run))
+        key, used, sim_evals, sim_wall = await _search(algorithm, truth, guide_profile, truth_run, guide_run)
         share = grid[key][0] / optimum if optimum > 0 else math.nan
         row[algorithm] = {
             "share": share,
@@ -308,7 +308,7 @@ def knobs_text(key: tuple[int, int, int]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scenarios", type=int, default=len(SCENARIOS))
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    add_executor_arguments(parser)
     parser.add_argument(
         "--cache",
         type=Path,
@@ -316,12 +316,11 @@ def main() -> int:
         "a re-run with changed searches re-scores them without re-simulating the grids)",
     )
     args = parser.parse_args()
-    if args.cache is not None:
-        os.environ[CACHE_ENV] = str(args.cache)
+    cache_dir = None if args.cache is None else str(args.cache)
     indices = list(range(min(args.scenarios, len(SCENARIOS))))
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        rows = list(pool.map(run_scenario, indices))
+    spec = executor_spec(args)
+    rows = run_tasks(spec, [(SCENARIOS[i].name, run_scenario, (i, cache_dir)) for i in indices])
     print(
         "| scenario | guide p99 miss, median / max | grid optimum (score, c/s/w) | baseline |"
         + "".join(f" {a} |" for a in ALGORITHMS)
@@ -353,7 +352,7 @@ def main() -> int:
             f"sim {statistics.median(sim):.0f} evals, {statistics.median(sim_wall):.1f} s) "
         )
     print("|" + "|".join(summary) + "|")
-    print(f"\n{len(rows)} scenarios in {time.perf_counter() - started:.0f} s wall ({args.jobs} processes)")
+    print(f"\n{len(rows)} scenarios in {time.perf_counter() - started:.0f} s wall ({describe(spec)})")
     return 0
 
 

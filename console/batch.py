@@ -174,7 +174,7 @@ def _run_job(spec: JobSpec, ctx: JobContext, sink: EventWriter) -> int:
     except JobFailed as exc:
         log.error("%s", exc)
         return ExitCode.FAILED
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # a job that ends by its cancellation (Ctrl-C)
         log.warning("interrupted")
         return ExitCode.INTERRUPTED
     finally:

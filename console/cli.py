@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from core.executor import EXECUTOR_KINDS, RAY_EXTRA
 from core.exit_codes import EXIT_CODES_HELP, ExitCode
 from core.job_registry import JOBS
 from core.jobs.options import BACKEND_KINDS, DEFAULT_PROFILE, OperatorOptions
@@ -56,6 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, help="write events.jsonl, requests.jsonl, summary.json, factsheet.*")
     parser.add_argument(
         "--resume", action="store_true", help="--job tune: continue the journal in --out (finished segments are kept)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="compare, capacity and the tuner's simulator runs side by side in this many processes "
+        "(default: one per CPU; 1: one after another); the results are the same",
+    )
+    parser.add_argument(
+        "--executor",
+        default="local",
+        choices=EXECUTOR_KINDS,
+        help=f"where those runs go: local processes (default) or ray tasks on a Ray cluster ({RAY_EXTRA})",
+    )
+    parser.add_argument(
+        "--ray-address",
+        help="--executor ray: the cluster to join (auto, or ray://HOST:10001); default: start a local Ray",
     )
     parser.add_argument(
         "--speed",
@@ -199,6 +216,9 @@ def options_from_args(args: argparse.Namespace, argv: list[str]) -> OperatorOpti
         out=args.out,
         resume=args.resume,
         speed=args.speed,
+        workers=args.workers,
+        executor=args.executor,
+        ray_address=args.ray_address,
         command_line=["slo-console", *argv],
     )
 

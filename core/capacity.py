@@ -14,13 +14,17 @@ within every SLO that applies; rejected and deferred requests count against it. 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
 from core.events import EventSink, make_event, null_sink
+from core.executor import Executor
 from core.jobs import RunOptions, run_workload
 from core.profile import Profile, ProfileError, parse_scheduling_mode
 
@@ -152,7 +156,8 @@ def _probe_dict(p: Probe) -> dict[str, Any]:
     }
 
 
-async def _probe(scaling: ArrivalScaling, mode: str, rate: float, options: RunOptions) -> Probe:
+async def probe_task(scaling: ArrivalScaling, mode: str, rate: float, options: RunOptions) -> Probe:
+    """One probe: `mode` serving the profile's arrivals at `rate` (an executor task, core/executor.py)."""
     from core.backends.factory import make_backend
 
     start = time.perf_counter()
@@ -184,16 +189,31 @@ async def find_capacity(
     target: float = TARGET_ATTAINMENT,
     rel_tol: float = 0.03,
     sink: EventSink = null_sink,
+    executor: Executor | None = None,
+    lookahead: bool = False,
 ) -> CapacityResult:
-    """Bracket, then bisect, the highest rate with attainment >= target."""
+    """Bracket, then bisect, the highest rate with attainment >= target. Each probe is a task on `executor`
+    (default: this process); the next rate depends on the last answer, so one mode's probes run in turn.
+    `lookahead` (an executor with CPUs to spare): while the bisection probes a rate, it also starts both
+    rates the next step may ask for, so that step's answer is ready sooner. Only the probes the bisection
+    asks for are recorded; the other is dropped (same probes, same answer, half the work wasted)."""
+    executor = executor or Executor()
     scaling = ArrivalScaling.of(profile, requests)
     options = RunOptions(seed=profile.seed if seed is None else seed, requests=requests, engine_events=False)
     result = CapacityResult(
         mode, profile.replicas, 0.0, base_rate_rps=scaling.base_rate_rps, arrival_source=scaling.source
     )
 
+    ahead: dict[float, asyncio.Task[Probe]] = {}  # rates started before the bisection asked for them
+
+    def start(rate: float) -> asyncio.Task[Probe]:
+        if rate not in ahead:
+            label = f"{mode} at {rate:.4g} req/s"
+            ahead[rate] = asyncio.ensure_future(executor.run(label, probe_task, scaling, mode, rate, options))
+        return ahead[rate]
+
     async def probe(rate: float) -> bool:
-        p = await _probe(scaling, mode, rate, options)
+        p = await start(rate)
         result.probes.append(p)
         sink(make_event("capacity_probe", mode=mode, **_probe_dict(p)))
         return p.attainment >= target
@@ -218,13 +238,21 @@ async def find_capacity(
                 low = rate
                 break
             high = rate
-    if low > 0.0 and high > low:
-        while (high - low) > rel_tol * high:
-            middle = (low + high) / 2.0
-            if await probe(middle):
-                low = middle
-            else:
-                high = middle
+    try:
+        if low > 0.0 and high > low:
+            while (high - low) > rel_tol * high:
+                middle = (low + high) / 2.0
+                if lookahead:  # the next step's middle, whichever way this one goes (the same float expression)
+                    start(middle)
+                    start((low + middle) / 2.0)
+                    start((middle + high) / 2.0)
+                if await probe(middle):
+                    low = middle
+                else:
+                    high = middle
+    finally:
+        for task in ahead.values():
+            task.cancel()  # done ones ignore it; a probe the bisection never asked for is dropped
     result.capacity_rps = low
     result.bracket = (low, high)
     return result
@@ -238,10 +266,12 @@ async def run_capacity(
     requests: int | None = None,
     rel_tol: float = 0.03,
     sink: EventSink = null_sink,
+    executor: Executor | None = None,
 ) -> list[CapacityResult]:
     """Every mode's capacity (default: all of core/modes.py `MODES`), on the same seeded workload."""
     from core.modes import MODES
 
+    executor = executor or Executor()
     names = [parse_scheduling_mode(name, "mode") for name in (MODES if modes is None else modes)]
     scaling = ArrivalScaling.of(profile, requests)  # refuses closed loops before any mode runs
     sink(
@@ -255,15 +285,36 @@ async def run_capacity(
             base_rate_rps=scaling.base_rate_rps,
         )
     )
-    results = []
-    for name in names:
+
+    async def one(name: str) -> CapacityResult | str:
         try:
-            found = await find_capacity(profile, name, seed=seed, requests=requests, rel_tol=rel_tol, sink=sink)
+            return await find_capacity(
+                profile,
+                name,
+                seed=seed,
+                requests=requests,
+                rel_tol=rel_tol,
+                sink=sink,
+                executor=executor,
+                lookahead=lookahead,
+            )
         except ProfileError as exc:  # a mode this workload cannot run (as --job compare skips it)
-            sink(make_event("capacity_row", mode=name, skipped=str(exc)))
-            continue
-        sink(make_event("capacity_row", mode=name, **found.fields()))
-        results.append(found)
+            return str(exc)
+
+    # A bisection is sequential, so the modes are what runs side by side on a parallel executor: every mode's
+    # probes are in flight together, and the rows come out in the modes' order. With CPUs for three probes per
+    # mode, each bisection also looks a step ahead.
+    lookahead = executor.parallel and executor.slots() >= 3 * len(names)
+    results = []
+    async with contextlib.aclosing(executor.in_order([partial(one, name) for name in names])) as found_all:
+        index = 0
+        async for found in found_all:
+            name, index = names[index], index + 1
+            if isinstance(found, str):
+                sink(make_event("capacity_row", mode=name, skipped=found))
+                continue
+            sink(make_event("capacity_row", mode=name, **found.fields()))
+            results.append(found)
     return results
 
 

@@ -13,13 +13,16 @@ console's Modes tab renders the same rows.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.backend_api import BackendUnavailable
 from core.events import EventSink, make_event, null_sink
+from core.executor import Executor
 from core.jobs import RunOptions, RunResult, run_workload
 from core.metrics import Summary
 from core.profile import KnobsSpec, Profile, ProfileError, parse_scheduling_mode
@@ -125,6 +128,30 @@ def _best_key(summary: Summary) -> tuple[float, float, float]:
     return (num(summary.slo_attainment), num(summary.goodput_rps), -num(summary.p99_s))
 
 
+@dataclass(slots=True)
+class ModeRun:
+    """What one compare task hands back (it may have run in another process): the run and the policy's own
+    description, or why this workload cannot run the mode."""
+
+    result: RunResult | None
+    policy: dict[str, Any]
+    wall_s: float
+    skipped: str | None = None
+
+
+async def mode_task(profile: Profile, mode: str, seed: int, options: RunOptions, keep_records: bool) -> ModeRun:
+    """One mode (or one static cap) of a compare, as an executor task (core/executor.py). Without
+    `keep_records` the run's request records stay where it ran: the static sweep needs only the summary."""
+    start = time.perf_counter()
+    try:
+        result, policy = await run_mode(profile, mode, seed, options)
+    except ProfileError as exc:  # a mode this workload cannot run
+        return ModeRun(None, {}, time.perf_counter() - start, skipped=str(exc))
+    if not keep_records:
+        result.outcome = replace(result.outcome, records=[], samples=[])
+    return ModeRun(result, policy, time.perf_counter() - start)
+
+
 async def run_compare(
     profile: Profile,
     *,
@@ -133,12 +160,17 @@ async def run_compare(
     duration_s: float | None = None,
     modes: Sequence[str] | None = None,
     sink: EventSink = null_sink,
+    executor: Executor | None = None,
 ) -> CompareResult:
-    """Run every mode (default: all of `MODES`) and the best static cap on the same seeded arrivals."""
+    """Run every mode (default: all of `MODES`) and the best static cap on the same seeded arrivals. Each
+    mode and each static cap is one task on `executor` (default: one after another in this process); rows,
+    events and the table keep the order of `modes`, then the best static cap, whatever finished first."""
     from core.modes import MODES
 
+    executor = executor or Executor()
     asked = MODES if modes is None else modes
     names = [name if name == BEST_STATIC else parse_scheduling_mode(name, "mode") for name in asked]
+    names = [name for name in names if name != BEST_STATIC]
     if profile.workload.arrival is not None and profile.workload.arrival.kind == "closed":
         raise ProfileError(
             f"{profile.name}: --job compare needs open-loop arrivals (a closed loop would let a policy slow the"
@@ -148,55 +180,64 @@ async def run_compare(
     options = RunOptions(seed=seed, requests=requests, duration_s=duration_s, engine_events=False)
     start = time.perf_counter()
     sink(make_event("start", job="compare", profile=profile.name, seed=seed, modes=[*names, BEST_STATIC]))
+    caps = list(profile.saber.static_caps)
+
+    def task(label: str, run_profile: Profile, mode: str, keep: bool) -> Callable[[], Awaitable[ModeRun]]:
+        return lambda: executor.run(label, mode_task, run_profile, mode, seed, options, keep)
+
+    starts = [task(name, profile.with_mode(name), name, True) for name in names]
+    starts += [
+        task(f"fcfs max_num_seqs={cap}", with_cap(profile, cap).model_copy(update={"mode": "fcfs"}), "fcfs", False)
+        for cap in caps
+    ]
     rows: list[ModeRow] = []
     runs: dict[str, RunResult] = {}
     skipped: dict[str, str] = {}
     trace_rows: dict[str, int] | None = None
     interrupted = False
-    for name in names:
-        if name == BEST_STATIC:
-            continue
-        t0 = time.perf_counter()
-        try:
-            result, policy = await run_mode(profile.with_mode(name), name, seed, options)
-            trace_rows = result.extra.get("trace_rows", trace_rows)
-        except ProfileError as exc:  # a mode this workload cannot run
-            skipped[name] = str(exc)
-            sink(make_event("compare_row", mode=name, skipped=str(exc)))
-            continue
-        runs[name] = result
-        rows.append(
-            ModeRow(
-                name,
-                profile.knobs.max_num_seqs,
-                policy.pop("speculation"),
-                result.summary,
-                time.perf_counter() - t0,
-                policy,
-            )
-        )
-        sink(make_event("compare_row", mode=name, **rows[-1].fields()))
-        interrupted |= result.interrupted
-        if interrupted:
-            break
     sweep: dict[int, float] = {}
-    if not interrupted:
-        t0 = time.perf_counter()
-        best: tuple[int, RunResult, str | None] | None = None
-        for cap in profile.saber.static_caps:
-            capped = with_cap(profile, cap).model_copy(update={"mode": "fcfs"})
-            result, ran = await run_mode(capped, "fcfs", seed, options)
-            sweep[cap] = result.summary.slo_attainment
-            if best is None or _best_key(result.summary) > _best_key(best[1].summary):
-                best = (cap, result, ran["speculation"])
-            if result.interrupted:
-                interrupted = True
-                break
-        if best is not None:
-            cap, result, speculation = best
-            policy = {"mode": "fcfs", "static_sweep": {str(k): v for k, v in sweep.items()}}
-            rows.append(ModeRow(BEST_STATIC, cap, speculation, result.summary, time.perf_counter() - t0, policy))
-            sink(make_event("compare_row", mode=BEST_STATIC, **rows[-1].fields()))
+    best: tuple[int, RunResult, str | None] | None = None
+    sweep_wall_s = 0.0
+    try:
+        async with contextlib.aclosing(executor.in_order(starts)) as finished:
+            index = -1
+            async for run in finished:
+                index += 1
+                if index < len(names):
+                    name = names[index]
+                    if run.skipped is not None:
+                        skipped[name] = run.skipped
+                        sink(make_event("compare_row", mode=name, skipped=run.skipped))
+                        continue
+                    assert run.result is not None
+                    result = run.result
+                    trace_rows = result.extra.get("trace_rows", trace_rows)
+                    runs[name] = result
+                    speculation = run.policy.pop("speculation")
+                    rows.append(
+                        ModeRow(name, profile.knobs.max_num_seqs, speculation, result.summary, run.wall_s, run.policy)
+                    )
+                    sink(make_event("compare_row", mode=name, **rows[-1].fields()))
+                else:
+                    cap = caps[index - len(names)]
+                    if run.skipped is not None:
+                        raise ProfileError(run.skipped)
+                    assert run.result is not None
+                    result = run.result
+                    sweep[cap] = result.summary.slo_attainment
+                    sweep_wall_s += run.wall_s
+                    if best is None or _best_key(result.summary) > _best_key(best[1].summary):
+                        best = (cap, result, run.policy["speculation"])
+                if result.interrupted:
+                    interrupted = True
+                    break
+    except asyncio.CancelledError:  # Ctrl-C on a parallel executor: its tasks are cancelled; keep the rows so far
+        interrupted = True
+    if best is not None:
+        cap, result, speculation = best
+        policy = {"mode": "fcfs", "static_sweep": {str(k): v for k, v in sweep.items()}}
+        rows.append(ModeRow(BEST_STATIC, cap, speculation, result.summary, sweep_wall_s, policy))
+        sink(make_event("compare_row", mode=BEST_STATIC, **rows[-1].fields()))
     return CompareResult(
         profile, seed, rows, sweep, time.perf_counter() - start, interrupted, skipped, runs, trace_rows
     )

@@ -159,16 +159,18 @@ async def _tune(ctx: JobContext) -> TuneResult:
     from core.tune.journal import JOURNAL_NAME
 
     journal = None if ctx.out_dir is None else ctx.out_dir / JOURNAL_NAME
-    return await run_tune(
-        ctx.profile,
-        backend_kind=ctx.options.backend,
-        sink=ctx.sink,
-        seed=ctx.options.seed,
-        journal_path=journal,
-        resume=ctx.options.resume,
-        backend=ctx.backend,
-        spec=ctx.tuner_spec,
-    )
+    async with ctx.options.executor_spec().open(ctx.sink, "tune") as executor:
+        return await run_tune(
+            ctx.profile,
+            backend_kind=ctx.options.backend,
+            sink=ctx.sink,
+            seed=ctx.options.seed,
+            journal_path=journal,
+            resume=ctx.options.resume,
+            backend=ctx.backend,
+            spec=ctx.tuner_spec,
+            executor=executor,
+        )
 
 
 def _tune_summary(result: TuneResult) -> Event:
@@ -222,9 +224,15 @@ async def _compare(ctx: JobContext) -> CompareResult:
     from core.compare import run_compare
 
     options = ctx.options
-    return await run_compare(
-        ctx.profile, seed=options.seed, requests=options.requests, duration_s=options.duration_s, sink=ctx.sink
-    )
+    async with options.executor_spec().open(ctx.sink, "compare") as executor:
+        return await run_compare(
+            ctx.profile,
+            seed=options.seed,
+            requests=options.requests,
+            duration_s=options.duration_s,
+            sink=ctx.sink,
+            executor=executor,
+        )
 
 
 def _compare_summary(result: CompareResult) -> Event:
@@ -278,7 +286,10 @@ async def _capacity(ctx: JobContext) -> CapacityRun:
     # --mode NAME: that mode beside the fcfs baseline; without it, every mode.
     modes = None if options.mode is None else list(dict.fromkeys(["fcfs", options.mode]))
     start = time.perf_counter()
-    results = await run_capacity(ctx.profile, modes=modes, seed=options.seed, requests=options.requests, sink=ctx.sink)
+    async with options.executor_spec().open(ctx.sink, "capacity") as executor:
+        results = await run_capacity(
+            ctx.profile, modes=modes, seed=options.seed, requests=options.requests, sink=ctx.sink, executor=executor
+        )
     seed = ctx.profile.seed if options.seed is None else options.seed
     profile = as_run(ctx.profile, options.requests, None)  # each probe's workload, at its own rate
     return CapacityRun(profile, results, seed, TARGET_ATTAINMENT, time.perf_counter() - start)

@@ -1,9 +1,10 @@
 """What the operator asked for: one dataclass the batch CLI and the console both build from.
 
 `slo-console [--batch] --profile P --job J --backend B --url U --mode M --seed N --requests N --duration S
---out D --resume --speed X` becomes one `OperatorOptions` (console/cli.py `options_from_args`); the console's
-own settings extend it (console/app.py `ConsoleConfig`). `check()` refuses bad usage in one line (exit 2)
-before anything starts, and `load_profile()` is the one place the scheduling mode joins the profile.
+--out D --resume --speed X --workers N --executor E --ray-address A` becomes one `OperatorOptions`
+(console/cli.py `options_from_args`); the console's own settings extend it (console/app.py `ConsoleConfig`).
+`check()` refuses bad usage in one line (exit 2) before anything starts, and `load_profile()` is the one
+place the scheduling mode joins the profile.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from core.executor import EXECUTOR_KINDS, RAY_EXTRA, ExecutorKind, ExecutorSpec, ray_installed
 from core.profile import Profile, ProfileError, SchedulingMode, load_profile, parse_scheduling_mode
 
 DEFAULT_PROFILE = "quickstart"
@@ -38,6 +40,11 @@ class OperatorOptions:
     out: Path | None = None  # events, requests, summary and factsheet go here
     resume: bool = False  # --job tune: continue the journal in `out`
     speed: float | None = 1.0  # the console's simulator pace against wall time; None: flat out
+    # Where compare, capacity and the tuner's simulator runs go (core/executor.py): a local pool of `workers`
+    # processes (None: one per CPU; 1: one after another in this process), or Ray tasks.
+    workers: int | None = None
+    executor: ExecutorKind = "local"
+    ray_address: str | None = None  # --executor ray: a running cluster ("auto", ray://HOST:10001); None: local
     command_line: list[str] = field(default_factory=lambda: ["slo-console"])
 
     def check(self) -> None:
@@ -58,6 +65,19 @@ class OperatorOptions:
             raise UsageError(f"--duration must be positive seconds (got {self.duration_s})")
         if self.resume and self.job != "tune":
             raise UsageError("--resume continues a tune's journal; use it with --job tune")
+        if self.workers is not None and self.workers < 1:
+            raise UsageError(f"--workers must be at least 1 (got {self.workers}); 1 runs one simulation at a time")
+        if self.executor not in EXECUTOR_KINDS:
+            raise UsageError(f"--executor {self.executor}: choose one of: {', '.join(EXECUTOR_KINDS)}")
+        if self.workers is not None and self.executor == "ray":
+            raise UsageError("--workers sizes the local pool; on Ray each run takes one CPU of the cluster: drop it")
+        if self.ray_address and self.executor != "ray":
+            raise UsageError("--ray-address is for --executor ray; add --executor ray or drop --ray-address")
+        if self.executor == "ray" and not ray_installed():
+            raise UsageError(f"--executor ray needs Ray, which is not installed: {RAY_EXTRA}")
+
+    def executor_spec(self) -> ExecutorSpec:
+        return ExecutorSpec(self.executor, self.workers, self.ray_address)
 
     def load_profile(self) -> Profile:
         """The profile the job runs: loaded (if named) and in the asked-for scheduling mode. Raises

@@ -11,7 +11,9 @@ Only 2 and 3 are segments of the run; the budget counts them.
 
 from __future__ import annotations
 
+import asyncio
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from core.events import EventSink, make_event
@@ -19,7 +21,7 @@ from core.profile import TunerSpec
 from core.tune.journal import Journal
 from core.tune.knobspace import Point
 from core.tune.score import FAILED_SCORE, Segment, score
-from core.tune.segment import SegmentRunner
+from core.tune.segment import Measurement, SegmentRunner
 
 FINAL_SEED_OFFSET = 1  # the final re-measurement sees fresh randomness (simulator), not the search's draws
 
@@ -54,6 +56,8 @@ class Evaluator:
         self.measured = 0  # new segments in this process
         self.resumed = 0  # segments taken from the journal
         self.memo_hits = 0
+        # Measurements taken ahead by evaluate_many, by (configuration, fraction, seed), each used once.
+        self.ready: dict[tuple[tuple[int, int, int], float, int], Measurement] = {}
 
     @property
     def variant(self) -> str:
@@ -110,11 +114,42 @@ class Evaluator:
         self._emit(segment, source)
         return segment
 
-    async def _measure(self, point: Point, key: str, phase: str, step: int, fraction: float) -> Segment:
+    async def evaluate_many(
+        self, points: Sequence[Point], *, phase: str, step: int, fraction: float = 1.0
+    ) -> list[Segment]:
+        """`[await self.evaluate(p, phase=phase, step=step, fraction=fraction) for p in points]`, with the
+        same segments, events, journal and budget; on a parallel runner (SimSegmentRunner with a pool or Ray)
+        the points that loop would measure are measured side by side first, at most as many as the budget
+        has left, so the loop's answers and its BudgetExhausted come out exactly as they would one by one."""
+        if getattr(self.runner, "parallel", False):
+            todo: dict[tuple[int, int, int], Point] = {}
+            for point in points:
+                key = self.segment_key(point, phase, step, fraction)
+                seen = self.known(point, fraction) is not None or point.config_key in todo
+                if seen or (self.journal is not None and self.journal.lookup(key) is not None):
+                    continue
+                if len(todo) >= self.budget_left():
+                    break
+                todo[point.config_key] = point
+            seed = self.seed_for(phase, step)
+            async with asyncio.TaskGroup() as group:
+                measuring = [
+                    (p, group.create_task(self.runner.measure(p, seed=seed, fraction=fraction))) for p in todo.values()
+                ]
+            for point, task in measuring:
+                self.ready[(point.config_key, fraction, seed)] = task.result()
+        return [await self.evaluate(point, phase=phase, step=step, fraction=fraction) for point in points]
+
+    def seed_for(self, phase: str, step: int) -> int:
         # Each take of the final re-measurement (core/tune/job.remeasure_final) draws afresh: a retake with the
         # first take's seed would repeat it exactly on the simulator.
-        seed = self.seed + (FINAL_SEED_OFFSET + step if phase == "final" else 0)
-        result = await self.runner.measure(point, seed=seed, fraction=fraction)
+        return self.seed + (FINAL_SEED_OFFSET + step if phase == "final" else 0)
+
+    async def _measure(self, point: Point, key: str, phase: str, step: int, fraction: float) -> Segment:
+        seed = self.seed_for(phase, step)
+        result = self.ready.pop((point.config_key, fraction, seed), None)
+        if result is None:
+            result = await self.runner.measure(point, seed=seed, fraction=fraction)
         summary = result.summary
         segment = Segment(
             key=key,

@@ -124,8 +124,7 @@ async def guided_search(
     from core.tune.search import simrank_climb
 
     spec = target.spec
-    for point in space.distinct_configs(start):
-        await guide.evaluate(point, phase="sweep", step=0)
+    await guide.evaluate_many(space.distinct_configs(start), phase="sweep", step=0)
     swept = {seg.point.config_key: seg for seg in guide.history}
     result = SearchResult(algorithm="guided", best=None, stopped_by="verified")
     picks = 0

@@ -133,8 +133,9 @@ async def hill_climb(
     point = start
     try:
         for step in range(1, steps + 1):
-            current = await evaluator.evaluate(point, phase="search", step=step)
-            neighbours = [(n, await evaluator.evaluate(n, phase="search", step=step)) for n in space.neighbours(point)]
+            around = space.neighbours(point)
+            current, *segments = await evaluator.evaluate_many([point, *around], phase="search", step=step)
+            neighbours = list(zip(around, segments, strict=True))
             # Neighbours are smoothed with the estimate the current point starts this step from.
             scored = [(n, _smoothed_score(evaluator, smoothing, seg)) for n, seg in neighbours]
             p99_used = smoothing.observe(current.p99_s)

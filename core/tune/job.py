@@ -19,6 +19,7 @@ from typing import Any
 
 from core.backend_api import Backend
 from core.events import EventSink, make_event
+from core.executor import Executor
 from core.profile import ClosedLoopArrival, Profile, ProfileError, TunerSpec, load_calibration, profile_hash
 from core.tune.evaluator import Evaluator
 from core.tune.guided import guided_search, verify_live
@@ -152,11 +153,13 @@ async def run_tune(
     resume: bool = False,
     backend: Backend | None = None,
     spec: TunerSpec | None = None,
+    executor: Executor | None = None,
 ) -> TuneResult:
     """Tune the profile's knobs. `backend`: a ready backend object for `backend_kind` "vllm" (tests inject
     one; default: `make_backend`). `spec` overrides `profile.tuner`. Raises ProfileError for bad input and
     BackendUnavailable when the engine cannot run at all; a single configuration that fails is scored -inf.
-    """
+    `executor` (core/executor.py) runs the simulator's segments; with a pool or Ray, a sweep's segments run
+    side by side (the same segments as one by one)."""
     spec = spec or profile.tuner
     if profile.slo.e2e_s is None:
         raise ProfileError(f"profile {profile.name!r}: --job tune needs slo.e2e_s (the p99 target); add it")
@@ -165,7 +168,7 @@ async def run_tune(
     seed = profile.seed if seed is None else seed
     slo_s = profile.slo.e2e_s
     space, start = knob_space(profile, spec)
-    sim_runner = SimSegmentRunner(profile, load_calibration(profile), spec)
+    sim_runner = SimSegmentRunner(profile, load_calibration(profile), spec, executor)
     target_runner: SegmentRunner
     if backend_kind == "sim":
         target_runner = sim_runner
@@ -230,8 +233,7 @@ async def run_tune(
                 # The search saw only its own path; to find configurations with tail headroom, the
                 # simulator (seconds per segment) sweeps the whole space. Not a cost the search would have.
                 sweep = Evaluator(sim_runner, spec, slo_s, seed=seed, label="sweep")
-                for point in space.distinct_configs(start):
-                    await sweep.evaluate(point, phase="sweep", step=0)
+                await sweep.evaluate_many(space.distinct_configs(start), phase="sweep", step=0)
                 sim_search.candidates = ranked(guide.history + sweep.history)
             search = await verify_live(
                 target, start, sim_search, verify=spec.guided_verify, headroom=spec.guided_headroom, sink=sink

@@ -88,11 +88,11 @@ async def _local_climb(
     """Steepest ascent with the paper's move rule from `point` until no neighbour earns a move."""
     spec = evaluator.spec
     for step in range(first_step, first_step + MAX_STEPS):
-        current = await evaluator.evaluate(point, phase="search", step=step)
+        neighbours = space.neighbours(point)
+        current, *measured_all = await evaluator.evaluate_many([point, *neighbours], phase="search", step=step)
         best_neighbour: Point | None = None
         best_score = -math.inf
-        for neighbour in space.neighbours(point):
-            measured = await evaluator.evaluate(neighbour, phase="search", step=step)
+        for neighbour, measured in zip(neighbours, measured_all, strict=True):
             if measured.score > best_score:
                 best_neighbour, best_score = neighbour, measured.score
         moved, reason = move_decision(current.score, best_score, current.p99_s, evaluator.slo_s, spec.min_gain)
@@ -137,10 +137,10 @@ async def successive_halving(
         await evaluator.evaluate(start, phase="search", step=0)
         alive = candidates
         for round_index, fraction in enumerate(HALVING_FRACTIONS, start=1):
-            scored = []
-            for point in alive:
-                seg = await evaluator.evaluate(point, phase="halving", step=round_index, fraction=fraction)
-                scored.append((seg.score, -len(scored), point, seg))
+            segments = await evaluator.evaluate_many(alive, phase="halving", step=round_index, fraction=fraction)
+            scored = [
+                (seg.score, -index, point, seg) for index, (point, seg) in enumerate(zip(alive, segments, strict=True))
+            ]
             scored.sort(key=lambda item: (item[0], item[1]), reverse=True)
             keep = max(1, math.ceil(len(scored) / HALVING_ETA)) if fraction < 1.0 else len(scored)
             if sink is not None:
@@ -194,9 +194,8 @@ async def simrank_climb(
         for step in range(first_step, first_step + MAX_STEPS):
             current = await evaluator.evaluate(point, phase="search", step=step)
             neighbours = space.compound_neighbours(point)
-            predicted = {}
-            for neighbour in neighbours:
-                predicted[neighbour] = (await guide.evaluate(neighbour, phase="guide", step=0)).score
+            guesses = await guide.evaluate_many(neighbours, phase="guide", step=0)
+            predicted = {neighbour: seg.score for neighbour, seg in zip(neighbours, guesses, strict=True)}
             # Highest predicted first; the fixed neighbour order breaks ties (a deterministic replay).
             order = sorted(neighbours, key=lambda n: -predicted[n] if math.isfinite(predicted[n]) else math.inf)
             best_neighbour: Point | None = None
@@ -206,8 +205,10 @@ async def simrank_climb(
             # the simulator's ranking has failed for this point, and the climb stops here.
             order = order[:SIMRANK_MAX_PER_STEP]
             for offset in range(0, len(order), top):
-                for neighbour in order[offset : offset + top]:
-                    measured = await evaluator.evaluate(neighbour, phase="search", step=step)
+                chunk = order[offset : offset + top]
+                for neighbour, measured in zip(
+                    chunk, await evaluator.evaluate_many(chunk, phase="search", step=step), strict=True
+                ):
                     if measured.score > best_score:
                         best_neighbour, best_score = neighbour, measured.score
                 moved, reason = move_decision(current.score, best_score, current.p99_s, evaluator.slo_s, spec.min_gain)

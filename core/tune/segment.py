@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from core.backend_api import Backend, BackendUnavailable, LoadPlan, RunOutcome
+from core.executor import Executor
 from core.metrics import Summary, summarize
 from core.profile import Calibration, Profile, ProfileError, TunerSpec
 from core.tune.knobspace import Point
@@ -70,45 +71,65 @@ def _summarize(profile: Profile, outcome: RunOutcome) -> Summary:
 
 
 class SimSegmentRunner:
-    """Segments on the embedded simulator (virtual time, seconds of wall time each)."""
+    """Segments on the embedded simulator (virtual time, seconds of wall time each). With a parallel
+    `executor` (core/executor.py) each segment is a task there, and `parallel` tells the evaluator that
+    a sweep may measure its points side by side (Evaluator.evaluate_many)."""
 
     variant: Variant = "sim"
 
-    def __init__(self, profile: Profile, calibration: Calibration, spec: TunerSpec | None = None) -> None:
+    def __init__(
+        self,
+        profile: Profile,
+        calibration: Calibration,
+        spec: TunerSpec | None = None,
+        executor: Executor | None = None,
+    ) -> None:
         self.profile = profile
         self.calibration = calibration
         self.spec = spec or profile.tuner
         self.description = {"backend": "sim", "engine": "simulator", "calibration": calibration.name}
+        self.executor = executor
+        self.parallel = executor is not None and executor.parallel
 
     async def measure(self, point: Point, *, seed: int, fraction: float = 1.0) -> Measurement:
-        from core.backends.sim import SimBackend
-
-        wall_start = time.perf_counter()
-        min_requests = max(1, math.ceil(self.spec.sim_min_requests * fraction))
-        min_duration_s = self.spec.sim_min_duration_s * fraction
-        warmup = self.profile.workload.warmup_requests
-        knobs = point.to_knobs(self.profile.knobs)
-        # First run: enough requests for the count minimum with no time limit; if that finishes before the
-        # duration minimum, run again time-bound (longer), and so on until both minimums hold.
-        requests, duration_s = min_requests + warmup, None
-        summary: Summary | None = None
-        for _ in range(SIM_MAX_RUNS):
-            plan = _plan_for(self.profile, point, seed=seed, requests=requests, duration_s=duration_s)
-            outcome = await SimBackend(self.calibration, knobs, seed=seed).run(plan)
-            if outcome.interrupted:
-                raise TuneInterrupted
-            summary = _summarize(self.profile, outcome)
-            span = summary.window_s if math.isfinite(summary.window_s) else 0.0
-            if summary.requests >= min_requests and span >= min_duration_s:
-                break
-            rate = summary.requests / span if span > 0 else 0.0
-            needed_s = min_requests / rate if rate > 0 else min_duration_s
-            duration_s = max(min_duration_s, needed_s) * SIM_EXTEND_MARGIN
-            requests = UNBOUNDED_REQUESTS
-        return Measurement(summary=summary, wall_s=time.perf_counter() - wall_start)
+        args = (self.profile, self.calibration, self.spec, point, seed, fraction)
+        if self.executor is None:
+            return await sim_segment_task(*args)
+        return await self.executor.run(f"segment {point.label()} x{fraction:.3g}", sim_segment_task, *args)
 
     async def close(self) -> None:
         return None
+
+
+async def sim_segment_task(
+    profile: Profile, calibration: Calibration, spec: TunerSpec, point: Point, seed: int, fraction: float
+) -> Measurement:
+    """One simulator segment at `point` (an executor task: everything it needs comes in, a summary goes out)."""
+    from core.backends.sim import SimBackend
+
+    wall_start = time.perf_counter()
+    min_requests = max(1, math.ceil(spec.sim_min_requests * fraction))
+    min_duration_s = spec.sim_min_duration_s * fraction
+    warmup = profile.workload.warmup_requests
+    knobs = point.to_knobs(profile.knobs)
+    # First run: enough requests for the count minimum with no time limit; if that finishes before the
+    # duration minimum, run again time-bound (longer), and so on until both minimums hold.
+    requests, duration_s = min_requests + warmup, None
+    summary: Summary | None = None
+    for _ in range(SIM_MAX_RUNS):
+        plan = _plan_for(profile, point, seed=seed, requests=requests, duration_s=duration_s)
+        outcome = await SimBackend(calibration, knobs, seed=seed).run(plan)
+        if outcome.interrupted:
+            raise TuneInterrupted
+        summary = _summarize(profile, outcome)
+        span = summary.window_s if math.isfinite(summary.window_s) else 0.0
+        if summary.requests >= min_requests and span >= min_duration_s:
+            break
+        rate = summary.requests / span if span > 0 else 0.0
+        needed_s = min_requests / rate if rate > 0 else min_duration_s
+        duration_s = max(min_duration_s, needed_s) * SIM_EXTEND_MARGIN
+        requests = UNBOUNDED_REQUESTS
+    return Measurement(summary=summary, wall_s=time.perf_counter() - wall_start)
 
 
 class LiveSegmentRunner:
