@@ -85,7 +85,48 @@ MODES: dict[SchedulingMode, PolicyFactory] = {
 }
 
 
+@dataclass(frozen=True, slots=True)
+class ModeGuide:
+    """What a mode does, and when to use it or not, in a sentence each: from the measurements in docs/
+    (saber.md, slos-serve.md, adaserve.md; issue 21), shown under the console's Modes table and quoted by
+    docs/modes.md "When to use which" (tests/test_modes_guide.py keeps the two the same)."""
+
+    what: str
+    use_when: str
+    avoid_when: str
+
+
+MODE_GUIDE: dict[SchedulingMode, ModeGuide] = {
+    "fcfs": ModeGuide(
+        what="vLLM's own first come, first served",
+        use_when="the load stays well under capacity, and as the baseline: nothing rejected, nothing to tune",
+        avoid_when="bursts or mixed SLOs push p99 past the SLO: it serves everyone late rather than most on time",
+    ),
+    "saber": ModeGuide(
+        what="SLA-aware admission, two-tier queue (paper 001)",
+        use_when="long generations with end-to-end SLAs on an engine whose speed falls steeply with concurrency "
+        "(the paper's regime: it wins the heavy mix W1)",
+        avoid_when="engines that batch well, as the shipped ones do, and mixed workloads (W2, W3): "
+        "it loses to the best static max_num_seqs",
+    ),
+    "slos-serve": ModeGuide(
+        what="multi-SLO admission and batch planning (paper 004)",
+        use_when="bursty traffic with per-request TTFT/TPOT SLOs, where deferring or rejecting some requests "
+        "beats missing many: 1.64x fcfs's capacity (geomean of six scenarios)",
+        avoid_when="every request must be served (it rejects and defers), or SLOs as tight as one engine step "
+        "(reasoning: 0.92x fcfs)",
+    ),
+    "adaserve": ModeGuide(
+        what="SLO-customized speculative decoding (paper 002)",
+        use_when="the server has a draft model and requests carry different TPOT SLOs: 10x fewer violations "
+        "than the best static width at moderate load; as fcfs on long prompts",
+        avoid_when="no draft model to speculate with; past saturation its lead shrinks (1.3x)",
+    ),
+}
+
+
 assert tuple(MODES) == SCHEDULING_MODES, "core/profile/scheduling_mode.py and MODES list the same modes"
+assert tuple(MODE_GUIDE) == SCHEDULING_MODES, "every mode has its guide"
 
 
 def make_policy(name: SchedulingMode, ctx: ModeContext) -> Policy:

@@ -27,7 +27,7 @@ from core.backends.sim import SimBackend
 from core.events import make_event
 from core.jobs import summary_event
 from core.metrics.verdict import check_slo
-from core.modes import MODES
+from core.modes import MODE_GUIDE, MODES
 from core.profile import Profile, TunerSpec, load_calibration, load_profile
 from tests.fakes import run_batch
 from tests.fakeserver import FakeOpenAIServer, StreamReply
@@ -459,6 +459,10 @@ async def test_modes_tab_lists_every_mode_with_the_last_run_of_the_one_in_use() 
         assert fcfs["SLO att."] == f"{summary.slo_attainment:.3f}" and fcfs["p99 s"] == f"{summary.p99_s:.2f}"
         assert fcfs["att. chat"] == f"{summary.per_task['chat'].slo_attainment:.3f}"
         assert set(rows[1][1:]) == {"—"}  # not run yet: unknown, never 0
+        # Under the table, each mode's hint: when to use it and when not (core/modes.py MODE_GUIDE).
+        note = str(screen.query_one("#modes-note").render())
+        for guide in MODE_GUIDE.values():
+            assert guide.what in note and guide.use_when in note and guide.avoid_when in note
 
 
 async def test_modes_table_has_focus_when_its_tab_opens_and_enter_switches_the_mode() -> None:

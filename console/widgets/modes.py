@@ -17,16 +17,9 @@ from textual.widgets import DataTable, Static
 from console.session import Session
 from console.widgets.format import UNKNOWN
 from core.compare import BEST_STATIC, table_cells, table_header, table_tasks
-from core.modes import MODES
+from core.modes import MODE_GUIDE, MODES
 
-# What each mode does, in a line (the registry holds only factories).
-MODE_NOTES = {
-    "fcfs": "vLLM's own first come, first served",
-    "saber": "SLA-aware admission, two-tier queue (paper 001)",
-    "adaserve": "SLO-customized speculative decoding (paper 002)",
-    "slos-serve": "multi-SLO admission and batch planning (paper 004)",
-    BEST_STATIC: "fcfs at the best static max_num_seqs (swept; not a mode to switch to)",
-}
+BEST_STATIC_NOTE = "fcfs at the best static max_num_seqs (swept; not a mode to switch to)"
 
 
 class ModeChosen(Message):
@@ -121,8 +114,16 @@ class ModesView(Vertical):
         width = max(len(name) for name in names)
         for name in names:
             row = session.mode_rows.get(name, {})
-            what = f"skipped: {row['skipped']}" if "skipped" in row else MODE_NOTES.get(name, "")
-            lines.append(f"{name.ljust(width)}  {what}")
+            guide = MODE_GUIDE.get(name)  # type: ignore[call-overload]
+            if "skipped" in row:
+                lines.append(f"{name.ljust(width)}  skipped: {row['skipped']}")
+            elif guide is None:
+                lines.append(f"{name.ljust(width)}  {BEST_STATIC_NOTE if name == BEST_STATIC else ''}")
+            else:
+                # When to use it and when not, from the measurements (core/modes.py MODE_GUIDE, docs/modes.md).
+                lines.append(f"{name.ljust(width)}  {guide.what}")
+                lines.append(f"{''.ljust(width)}  [green]use[/]: {guide.use_when}")
+                lines.append(f"{''.ljust(width)}  [red]not[/]: {guide.avoid_when}")
         self.query_one("#modes-note", Static).update("\n".join(lines))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
