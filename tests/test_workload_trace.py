@@ -170,8 +170,12 @@ def test_missing_and_empty_traces_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="no requests"):
         build_load_plan(trace_profile(empty, "jsonl", tmp_path))
     missing = trace_profile(tmp_path / "missing.jsonl", "jsonl", tmp_path)
-    with pytest.raises(ProfileError, match="not found"):
+    with pytest.raises(ProfileError, match=r"trace-test\.yaml: 'missing\.jsonl': no such file .*fix the path"):
         build_load_plan(missing)
+    # An empty path names the profile's own directory: refused the same way, not as "Is a directory".
+    (tmp_path / "blank.yaml").write_text("name: blank\nworkload:\n  trace: {path: '', format: csv}\n")
+    with pytest.raises(ProfileError, match=r"blank\.yaml: '': no such file"):
+        build_load_plan(load_profile(tmp_path / "blank.yaml"))
 
 
 def test_trace_replay_respects_requests_duration_and_warmup(tmp_path: Path) -> None:
