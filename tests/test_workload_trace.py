@@ -178,6 +178,19 @@ def test_missing_and_empty_traces_are_refused(tmp_path: Path) -> None:
         build_load_plan(load_profile(tmp_path / "blank.yaml"))
 
 
+def test_a_bare_trace_path_takes_its_format_from_the_extension(tmp_path: Path) -> None:
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress(b"timestamp_s,input_tokens,output_tokens\n2,5,6\n1,3,4\n"))
+    write_jsonl(tmp_path / "t.jsonl", [{"timestamp_s": 0, "input_length": 7, "output_length": 8}])
+    profile_path = tmp_path / "p.yaml"
+    for trace, lengths in (("t.csv.gz", [(3, 4), (5, 6)]), ("{path: t.jsonl}", [(7, 8)])):
+        profile_path.write_text(f"name: p\nworkload:\n  trace: {trace}\n")
+        profile = load_profile(profile_path)
+        assert [(s.prompt_tokens, s.output_tokens) for s in replay(profile)] == lengths
+    profile_path.write_text("name: p\nworkload:\n  trace: t.txt\n")
+    with pytest.raises(ProfileError, match=r"p\.yaml: workload\.trace: the file name 't\.txt' does not say .*csv"):
+        load_profile(profile_path)
+
+
 def test_trace_replay_respects_requests_duration_and_warmup(tmp_path: Path) -> None:
     rows = [{"timestamp_s": float(t), "input_length": 4, "output_length": 4} for t in range(10)]
     path = write_jsonl(tmp_path / "t.jsonl", rows)
