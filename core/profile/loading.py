@@ -49,18 +49,11 @@ def _field_suggestion(root: type[BaseModel], loc: tuple[Any, ...]) -> str | None
     return near[0] if near else None
 
 
-def _loc_part(part: Any) -> str:
-    """One step of a field path as the message shows it: a key that is not printable text (a line break, a
-    control character) is quoted, so the message stays one line."""
-    text = str(part)
-    return text if text.isprintable() and text else repr(text)
-
-
 def _format_validation(path: Path, err: ValidationError, model: type[BaseModel]) -> str:
     errors = err.errors()
     # A misspelt key usually also causes a "field required" error elsewhere; the typo is the cause.
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = ".".join(_loc_part(p) for p in first["loc"] if not str(p).startswith("function-after"))
+    loc = ".".join(str(p) for p in first["loc"] if not str(p).startswith("function-after"))
     if first["type"] == "extra_forbidden":
         near = _field_suggestion(model, tuple(p for p in first["loc"] if not str(p).startswith("function-after")))
         hint = f"did you mean {near}? " if near else ""
