@@ -11,10 +11,16 @@ from core.profile.strict import Strict
 
 # ---------------------------------------------------------------- lengths
 
+# The most tokens one prompt or output may have: a billion is beyond any model's context and far inside the
+# int64 arrays lengths are drawn into (a uniform `high: 9223372036854775808` ended a run in numpy's
+# "high is out of bounds for int64"). Traces hold their rows to it too (core/workload/trace.py).
+MAX_TOKENS = 10**9
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+
 
 class FixedLength(Strict):
     dist: Literal["fixed"] = "fixed"
-    value: Annotated[int, Field(ge=1)]
+    value: Tokens
 
 
 class LognormalLength(Strict):
@@ -23,21 +29,21 @@ class LognormalLength(Strict):
     dist: Literal["lognormal"] = "lognormal"
     mean: Annotated[float, Field(gt=0)]
     sigma: Annotated[float, Field(ge=0)] = 0.5
-    min: Annotated[int, Field(ge=1)] = 1
-    max: Annotated[int, Field(ge=1)] = 32768
+    min: Tokens = 1
+    max: Tokens = 32768
 
 
 class UniformLength(Strict):
     dist: Literal["uniform"] = "uniform"
-    low: Annotated[int, Field(ge=1)]
-    high: Annotated[int, Field(ge=1)]
+    low: Tokens
+    high: Tokens
 
 
 class EmpiricalLength(Strict):
     """Draw from observed values (optionally weighted)."""
 
     dist: Literal["empirical"] = "empirical"
-    values: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+    values: Annotated[list[Tokens], Field(min_length=1)]
     weights: list[Annotated[float, Field(ge=0)]] | None = None
 
 
