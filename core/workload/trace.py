@@ -95,6 +95,11 @@ class _RowReader:
 
     def read(self, raw: Mapping[str, Any], where: str) -> _Row:
         arrival_s = self._arrival(raw, where) * self._spec.time_scale
+        if not math.isfinite(arrival_s):
+            raise ProfileError(
+                f"{where}: the arrival time times time_scale {self._spec.time_scale:g} is not a finite number; "
+                "fix this row's time or lower workload.trace.time_scale"
+            )
         prompt = self._length(raw, PROMPT_KEYS, "prompt length", where)
         output = self._length(raw, OUTPUT_KEYS, "output length", where)
         task_value = raw.get("task")
