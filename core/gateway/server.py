@@ -67,6 +67,7 @@ class Gateway(AdmissionController):
         on_event: EventSink | None = None,
         request_events: bool = True,
         request_timeout_s: float = 600.0,
+        keep_decisions: bool = True,
     ) -> None:
         if not upstreams:
             raise GatewayError("the gateway needs at least one upstream URL (--upstream http://HOST:PORT)")
@@ -77,6 +78,7 @@ class Gateway(AdmissionController):
             policy_factory=policy_factory,
             on_event=on_event,
             request_events=request_events,
+            keep_decisions=keep_decisions,
         )
         self.host = host
         self.port = port
