@@ -1,0 +1,515 @@
+"""Soak: many requests through the admission gateway over upstreams that misbehave on a seeded schedule.
+
+    python benchmarks/soak.py [--requests 20000] [--rate 250] [--seed 0] [--max-seconds 900]
+        [--baseline-requests 4000]
+
+Everything runs in one process on one event loop, on 127.0.0.1 only: the gateway (core/gateway/server.py, the
+same `Gateway` the standalone server runs), an aiohttp upstream that carries out each request's fault, a
+port where nothing listens, and an open-loop client (Poisson arrivals at `--rate`). Each request draws one
+fault from `FAULTS` (seeded): the upstream dies mid-stream, resets the connection, hangs without sending,
+truncates the stream or sends malformed events or an in-stream error, answers 429/500/503, or trickles
+slowly; the connection is refused (the request is routed to the dead port); the mode rejects it, holds it
+and releases it later, or holds it until the load ends (deferred); the client hangs up early (after the
+first chunk, or while the request is held) or reads slowly. The routing, holds and rejections are a
+scripted `Policy` (`ScriptedFaults`): the soak tests the gateway's plumbing and accounting, the modes' own
+logic has its own tests.
+
+After the run it checks, and prints:
+- accounting: received = completed + rejected + deferred + failed, and every request's outcome (from the
+  gateway's `gateway_request` events, by the client's request id) is the one its fault must give, with a
+  cause (no request left open or counted twice);
+- cleanup: asyncio tasks and open file descriptors after the run (gateway, sessions and upstream closed)
+  equal those before it;
+- memory: resident set size sampled through the run; the growth over its second half;
+- latency: the gateway's added latency (client end to end minus the upstream's own time, one clock) of the
+  requests no fault touched, p50 and p99, against a fault-free run of `--baseline-requests` first.
+Exit code 0 when every check passes, 1 otherwise. Every loop is bounded in count and in time
+(`--max-seconds`: arrivals stop, what is open is waited for at most `DRAIN_S`, then everything is closed).
+tests/test_gateway_soak.py runs a short soak in the suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import logging
+import math
+import os
+import sys
+import time
+import traceback
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from core.controller_api import ControlledRequest, Policy, Release, ReplicaView, Verdict
+from core.events import Event
+from core.gateway.server import Gateway
+from core.metrics import percentiles
+
+HOST = "127.0.0.1"  # loopback only: the soak never listens or connects anywhere else
+FAULT_HEADER = "x-soak-fault"
+ID_HEADER = "x-soak-id"  # the upstream's own copy of the request id (the gateway drops x-request-id)
+TOKENS = 8  # chunks per stream
+TRICKLE_S = 0.03  # between chunks of a slow stream
+SLOW_READ_S = 0.01  # the slow reader's pause between reads
+HOLD_S = 0.1  # how long a `held` request waits before the scripted mode releases it
+CLIENT_HANGUP_S = 0.5  # a client that gives up on a request held for good (`held_hangup`) does so after this
+UPSTREAM_TIMEOUT_S = 1.0  # the gateway's per-request upstream deadline (a hanging upstream ends here)
+CLIENT_TIMEOUT_S = 10.0  # the client's own deadline per request (never reached when the gateway is right)
+DRAIN_S = 15.0  # after the arrivals, how long open requests may take to end
+RSS_EVERY = 250  # requests between memory samples
+
+# name: (weight, the gateway's outcome for it). Weights are per 100 requests.
+FAULTS: dict[str, tuple[int, str]] = {
+    "none": (52, "completed"),
+    "trickle": (4, "completed"),
+    "slow_reader": (4, "completed"),
+    "held": (3, "completed"),
+    "die": (4, "failed"),
+    "reset": (3, "failed"),
+    "hang": (2, "failed"),
+    "truncated": (3, "failed"),
+    "malformed": (3, "failed"),
+    "stream_error": (3, "failed"),
+    "status_429": (2, "failed"),
+    "status_500": (2, "failed"),
+    "status_503": (2, "failed"),
+    "refused": (3, "failed"),
+    "rejected": (3, "rejected"),
+    "hangup_early": (4, "failed"),
+    "held_hangup": (2, "failed"),
+    "deferred": (1, "deferred"),
+}
+UNTOUCHED = "none"  # the requests whose latency is compared with the fault-free run
+
+
+def draw_faults(count: int, seed: int, faulty: bool) -> list[str]:
+    """The seeded schedule: one fault per request (all `none` for the fault-free run)."""
+    if not faulty:
+        return [UNTOUCHED] * count
+    names = list(FAULTS)
+    weights = np.array([FAULTS[name][0] for name in names], dtype=float)
+    rng = np.random.default_rng(seed)
+    return [names[i] for i in rng.choice(len(names), size=count, p=weights / weights.sum())]
+
+
+# ---------------------------------------------------------------- the scripted mode
+
+
+class ScriptedFaults(Policy):
+    """Routes, holds and rejects by the fault each request carries (its task): `refused` goes to replica 1
+    (nothing listens there), `rejected` is rejected, `held` is held for HOLD_S, `held_hangup` until its client
+    gives up and `deferred` until the load ends; everything else goes to replica 0 at once."""
+
+    name = "soak-script"
+    passthrough = False
+
+    def __init__(self) -> None:
+        self.held: dict[int, ControlledRequest] = {}
+
+    def on_arrival(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> Verdict:
+        task = req.spec.task
+        if task == "rejected":
+            return Verdict.reject("scripted rejection")
+        if task in ("held", "held_hangup", "deferred"):
+            self.held[req.request_id] = req
+            return Verdict.hold()
+        return Verdict.release(1 if task == "refused" else 0)
+
+    def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
+        due = [r for r in self.held.values() if r.spec.task == "held" and r.arrival_s + HOLD_S <= now]
+        for request in due:
+            del self.held[request.request_id]
+        return [Release(request, 0) for request in due]
+
+    def on_finish(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> None:
+        self.held.pop(req.request_id, None)  # a held request whose client hung up
+
+    def next_wakeup(self, now: float) -> float:
+        times = [r.arrival_s + HOLD_S for r in self.held.values() if r.spec.task == "held"]
+        return min(times, default=math.inf)
+
+    def drain(self) -> list[ControlledRequest]:
+        drained = list(self.held.values())
+        self.held.clear()
+        return drained
+
+
+# ---------------------------------------------------------------- the misbehaving upstream
+
+
+def _event(payload: str) -> bytes:
+    return f"data: {payload}\n\n".encode()
+
+
+def _chunk(index: int, last: bool) -> bytes:
+    choice = {"index": 0, "text": " tok", "finish_reason": "length" if last else None}
+    usage = {"prompt_tokens": 4, "completion_tokens": index + 1, "total_tokens": index + 5}
+    return _event(json.dumps({"id": "soak", "choices": [choice], "usage": usage}, separators=(",", ":")))
+
+
+@dataclass
+class Upstream:
+    """An aiohttp server that carries out the fault named in each request's FAULT_HEADER, and records its own
+    time per request (receipt to last byte written) for the added-latency figure."""
+
+    served: dict[str, float] = field(default_factory=dict)  # soak id -> seconds the upstream spent
+    port: int = 0
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, HOST, 0)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        start = time.perf_counter()
+        await request.read()
+        fault = request.headers.get(FAULT_HEADER, UNTOUCHED)
+        soak_id = request.headers.get(ID_HEADER, "")
+        try:
+            return await self._answer(request, fault)
+        except ConnectionResetError:  # the gateway hung up first (it gave up on a slow stream): nothing to send
+            return web.Response()
+        finally:
+            self.served[soak_id] = time.perf_counter() - start
+
+    async def _answer(self, request: web.Request, fault: str) -> web.StreamResponse:
+        if fault.startswith("status_"):
+            status = int(fault.removeprefix("status_"))
+            return web.json_response({"error": {"message": f"scripted {status}", "code": status}}, status=status)
+        if fault == "reset":
+            assert request.transport is not None
+            request.transport.abort()  # the connection drops before any answer
+            return web.Response()
+        if fault == "hang":
+            await asyncio.sleep(3600)  # cancelled when the gateway gives up and closes the connection
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        for index in range(TOKENS):
+            if fault == "die" and index == TOKENS // 2:
+                assert request.transport is not None
+                request.transport.abort()
+                return response
+            if fault == "truncated" and index == TOKENS // 2:
+                await response.write_eof()  # ends cleanly, without a finish_reason or [DONE]
+                return response
+            if fault == "malformed" and index == TOKENS // 2:
+                await response.write(b'data: {"choices": [{"text": "unterminated\n\ndata: \xff\xfe\n\n')
+                await response.write_eof()
+                return response
+            if fault == "stream_error" and index == TOKENS // 2:
+                await response.write(_event(json.dumps({"error": {"message": "scripted engine error"}})))
+                await response.write_eof()
+                return response
+            if fault in ("trickle", "hangup_early", "slow_reader") and index:
+                await asyncio.sleep(TRICKLE_S if fault != "slow_reader" else 0)
+            await response.write(_chunk(index, last=index == TOKENS - 1))
+        await response.write_eof(_event("[DONE]"))
+        return response
+
+
+# ---------------------------------------------------------------- the client
+
+
+@dataclass(slots=True)
+class Sent:
+    fault: str
+    status: int | None = None  # HTTP status the client got; None: it hung up or could not connect
+    e2e_s: float | None = None
+    error: str | None = None
+
+
+async def send_one(session: aiohttp.ClientSession, url: str, index: int, fault: str, wait_s: float) -> Sent:
+    """One request with its fault; the client waits at most `wait_s` (CLIENT_HANGUP_S for `held_hangup`)."""
+    body = {"model": "soak", "prompt": "soak", "max_tokens": TOKENS, "stream": True}
+    headers = {"x-request-id": str(index), "x-task": fault, FAULT_HEADER: fault, ID_HEADER: str(index)}
+    sent = Sent(fault)
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(CLIENT_HANGUP_S if fault == "held_hangup" else wait_s):
+            async with session.post(url + "/v1/completions", json=body, headers=headers) as response:
+                sent.status = response.status
+                async for _ in response.content.iter_any():
+                    if fault == "hangup_early":
+                        break  # hang up after the first chunk: the context manager closes the connection
+                    if fault == "slow_reader":
+                        await asyncio.sleep(SLOW_READ_S)
+        sent.e2e_s = time.perf_counter() - start
+    except TimeoutError:
+        sent.error = "client timeout"
+    except aiohttp.ClientError as exc:
+        sent.error = f"{type(exc).__name__}: {exc}"
+    return sent
+
+
+# ---------------------------------------------------------------- one run
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def rss_mb() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@dataclass
+class SoakResult:
+    requests: int
+    wall_s: float
+    stats: dict[str, int]
+    outcomes: Counter[tuple[str, str]]  # (fault, gateway outcome) -> count
+    reasons: dict[str, str]  # fault -> the cause the gateway recorded for one request of it
+    leftovers: dict[str, int]  # per-request state the gateway still held after the run
+    wrong: list[str]  # requests whose outcome, cause or client view is not what their fault must give
+    tasks_before: int
+    tasks_after: int
+    fds_before: int
+    fds_after: int
+    rss_mb: list[float]
+    added_s: list[float]  # added latency of untouched requests
+    error_logs: list[str]
+
+    @property
+    def rss_growth_second_half_mb(self) -> float:
+        half = self.rss_mb[len(self.rss_mb) // 2 :]
+        return (half[-1] - half[0]) if len(half) >= 2 else 0.0
+
+
+class _ErrorLogs(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        cause = ""
+        if record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            # The deepest frame of this repository's code: whose handler it was (the gateway's or the upstream's).
+            frames = [f for f in traceback.extract_tb(exc.__traceback__) if "site-packages" not in f.filename]
+            where = f" at {Path(frames[-1].filename).name}:{frames[-1].lineno}" if frames else ""
+            cause = f" ({type(exc).__name__}: {exc}{where})"
+        self.lines.append(f"{record.name}: {record.getMessage()}{cause}")
+
+
+async def soak(requests: int, rate: float, seed: int, *, faulty: bool = True, max_seconds: float = 600.0) -> SoakResult:
+    """Send `requests` through a gateway in front of the misbehaving upstream; see the module docstring."""
+    gc.collect()
+    tasks_before, fds_before = len(asyncio.all_tasks()), open_fds()
+    errors = _ErrorLogs()
+    for name in ("aiohttp.server", "aiohttp.web", "asyncio", "aiohttp.client"):
+        logging.getLogger(name).addHandler(errors)
+    faults = draw_faults(requests, seed, faulty)
+    gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, size=requests)
+    # What the gateway said about each request, kept small: the harness's own memory grows with the count.
+    events: dict[str, tuple[str, str | None]] = {}
+
+    def on_event(event: Event) -> None:
+        if event["event"] == "gateway_request":
+            events[str(event["id"])] = (event["outcome"], event["reason"])
+
+    upstream = Upstream()
+    await upstream.start()
+    dead = f"http://{HOST}:{_free_port()}"  # nothing listens there: connections are refused
+    policy = ScriptedFaults()
+    gateway = Gateway(  # set up as `slo-console gateway` sets it up (core/gateway/standalone.py)
+        [upstream.url, dead],
+        policy,
+        on_event=on_event,
+        request_timeout_s=UPSTREAM_TIMEOUT_S,
+        keep_decisions=False,
+    )
+    await gateway.start()
+    rss: list[float] = [rss_mb()]
+    results: list[Sent] = []
+    start = time.perf_counter()
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            pending: set[asyncio.Task[Sent]] = set()
+            tasks: list[asyncio.Task[Sent]] = []
+            due = start
+            for index, fault in enumerate(faults):
+                due += gaps[index]
+                if time.perf_counter() - start > max_seconds:
+                    break
+                delay = due - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                # A deferred request is answered when the load ends: its client waits for the whole run.
+                wait_s = max_seconds + DRAIN_S if fault == "deferred" else CLIENT_TIMEOUT_S
+                task = asyncio.create_task(send_one(session, gateway.base_url, index, fault, wait_s))
+                if fault != "deferred":
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                tasks.append(task)
+                if (index + 1) % RSS_EVERY == 0:
+                    rss.append(rss_mb())
+            # Everything but the deferred requests ends by itself; then the load is over and they are answered.
+            deadline = time.perf_counter() + DRAIN_S
+            while pending and time.perf_counter() < deadline:
+                await asyncio.sleep(0.05)
+            gateway.end_arrivals()
+            done, _ = await asyncio.wait(tasks, timeout=max(0.1, deadline - time.perf_counter())) if tasks else ((), ())
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+            results = [t.result() if t in done else Sent(faults[i], error="never ended") for i, t in enumerate(tasks)]
+            await gateway.settle(timeout_s=5.0)
+        wall_s = time.perf_counter() - start
+        # What the gateway and the mode still hold per request once every request has ended: all should be 0.
+        leftovers = {
+            "held": len(gateway._held),
+            "in_flight": sum(len(u.in_flight) for u in gateway.upstreams),
+            "decisions": len(gateway.decisions),
+            "mode_held": len(policy.held),
+        }
+        rss.append(rss_mb())
+    finally:
+        await gateway.stop(grace_s=2.0)
+        await upstream.stop()
+        for name in ("aiohttp.server", "aiohttp.web", "asyncio", "aiohttp.client"):
+            logging.getLogger(name).removeHandler(errors)
+    await asyncio.sleep(0.2)  # closed transports release their sockets on the next loop iterations
+    gc.collect()
+    wrong: list[str] = []
+    outcomes: Counter[tuple[str, str]] = Counter()
+    added: list[float] = []
+    reasons: dict[str, str] = {}
+    for index, sent in enumerate(results):
+        event = events.get(str(index))
+        if event is None:
+            if sent.status is None and sent.error is not None:
+                # The client gave up before the gateway read the request (an overloaded run): the client's.
+                outcomes[(sent.fault, "unreceived")] += 1
+                reasons.setdefault(sent.fault, sent.error)
+            else:
+                wrong.append(f"request {index} ({sent.fault}): no outcome from the gateway")
+            continue
+        (outcome, reason), expected = event, FAULTS[sent.fault][1] if faulty else "completed"
+        outcomes[(sent.fault, outcome)] += 1
+        reasons.setdefault(sent.fault, str(reason))
+        if outcome != expected or (outcome != "completed" and not reason):
+            wrong.append(f"request {index} ({sent.fault}): {outcome} ({reason}), expected {expected}")
+        elif sent.fault == UNTOUCHED:
+            served = upstream.served.get(str(index))
+            if sent.status != 200 or sent.e2e_s is None or served is None:
+                wrong.append(f"request {index}: completed at the gateway, client saw {sent.status} {sent.error}")
+            else:
+                added.append(sent.e2e_s - served)
+    return SoakResult(
+        requests=len(results),
+        wall_s=wall_s,
+        stats=gateway.stats.as_dict(),
+        outcomes=outcomes,
+        reasons=reasons,
+        leftovers=leftovers,
+        wrong=wrong,
+        tasks_before=tasks_before,
+        tasks_after=len(asyncio.all_tasks()),
+        fds_before=fds_before,
+        fds_after=open_fds(),
+        rss_mb=rss,
+        added_s=added,
+        error_logs=errors.lines,
+    )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind((HOST, 0))
+        return sock.getsockname()[1]
+
+
+def problems(result: SoakResult, baseline: SoakResult | None, *, latency: bool = True) -> list[str]:
+    """What a soak run got wrong: one line each (empty: every check passed). `latency`: also hold the added
+    p99 of untouched requests within twice the fault-free run's (`baseline`)."""
+    found = list(result.wrong[:5])
+    if len(result.wrong) > 5:
+        found.append(f"... and {len(result.wrong) - 5} more requests")
+    s = result.stats
+    unreceived = sum(count for (_, outcome), count in result.outcomes.items() if outcome == "unreceived")
+    if unreceived:
+        found.append(f"{unreceived} requests never reached the gateway (the client gave up first: overloaded?)")
+    ended = s["completed"] + s["rejected"] + s["deferred"] + s["failed"]
+    if s["received"] != result.requests - unreceived or ended != s["received"]:
+        found.append(f"counters do not add up: {s}")
+    if any(result.leftovers.values()):
+        found.append(f"per-request state left in the gateway: {result.leftovers}")
+    if result.tasks_after != result.tasks_before:
+        found.append(f"asyncio tasks: {result.tasks_before} before, {result.tasks_after} after")
+    if result.fds_after != result.fds_before:
+        found.append(f"open file descriptors: {result.fds_before} before, {result.fds_after} after")
+    found += [f"logged: {line}" for line in result.error_logs[:3]]
+    if latency and baseline is not None and baseline.added_s and result.added_s:
+        (p99,), (base,) = percentiles(np.array(result.added_s), [99]), percentiles(np.array(baseline.added_s), [99])
+        if p99 > 2 * base:
+            found.append(f"added p99 {p99 * 1e3:.2f} ms is more than twice the fault-free {base * 1e3:.2f} ms")
+    return found
+
+
+def describe(label: str, result: SoakResult) -> list[str]:
+    p50, p99 = percentiles(np.array(result.added_s), [50, 99])
+    s = result.stats
+    return [
+        f"{label}: {result.requests} requests in {result.wall_s:.1f} s ({result.requests / result.wall_s:.0f} req/s): "
+        f"received {s['received']} = completed {s['completed']} + rejected {s['rejected']} + deferred "
+        f"{s['deferred']} + failed {s['failed']}; outcomes not as scheduled: {len(result.wrong)}",
+        f"  tasks {result.tasks_before} -> {result.tasks_after}, open fds {result.fds_before} -> {result.fds_after}, "
+        f"RSS {result.rss_mb[0]:.1f} -> {result.rss_mb[-1]:.1f} MB "
+        f"(second half +{result.rss_growth_second_half_mb:.1f} MB)",
+        f"  gateway added latency, untouched requests ({len(result.added_s)}): p50 {p50 * 1e3:.2f} ms, "
+        f"p99 {p99 * 1e3:.2f} ms",
+    ]
+
+
+async def run(args: argparse.Namespace) -> int:
+    baseline = None
+    if args.baseline_requests:
+        baseline = await soak(args.baseline_requests, args.rate, args.seed, faulty=False, max_seconds=args.max_seconds)
+        print("\n".join(describe("fault-free", baseline)), flush=True)
+    result = await soak(args.requests, args.rate, args.seed, max_seconds=args.max_seconds)
+    print("\n".join(describe("with faults", result)))
+    for (fault, outcome), count in sorted(result.outcomes.items()):
+        print(f"  {fault:13s} -> {outcome:9s} {count:6d}  e.g. {result.reasons.get(fault)}")
+    found = problems(result, baseline) + (problems(baseline, None) if baseline is not None else [])
+    print("checks: " + ("all passed" if not found else "; ".join(found)))
+    return 1 if found else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--rate", type=float, default=250.0, help="Poisson arrivals per second")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-seconds", type=float, default=900.0, help="stop sending after this long")
+    parser.add_argument("--baseline-requests", type=int, default=4000, help="fault-free run first (0: none)")
+    args = parser.parse_args(argv)
+    return asyncio.run(run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
