@@ -20,7 +20,8 @@ After the run it checks, and prints:
   cause (no request left open or counted twice);
 - cleanup: asyncio tasks and open file descriptors after the run (gateway, sessions and upstream closed)
   equal those before it;
-- memory: resident set size sampled through the run; the growth over its second half;
+- memory: Python's live memory blocks before the load and after it drained (at most BLOCKS_ALLOWED more),
+  and the resident set size sampled through the run (it keeps the high-water mark of any backlog);
 - latency: the gateway's added latency (client end to end minus the upstream's own time, one clock) of the
   requests no fault touched, p50 and p99, against a fault-free run of `--baseline-requests` first.
 Exit code 0 when every check passes, 1 otherwise. Every loop is bounded in count and in time
@@ -41,8 +42,8 @@ import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -54,6 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core.controller_api import ControlledRequest, Policy, Release, ReplicaView, Verdict
 from core.events import Event
 from core.gateway.server import Gateway
+from core.gateway.standalone import settle_heap
 from core.metrics import percentiles
 
 HOST = "127.0.0.1"  # loopback only: the soak never listens or connects anywhere else
@@ -64,10 +66,14 @@ TRICKLE_S = 0.03  # between chunks of a slow stream
 SLOW_READ_S = 0.01  # the slow reader's pause between reads
 HOLD_S = 0.1  # how long a `held` request waits before the scripted mode releases it
 CLIENT_HANGUP_S = 0.5  # a client that gives up on a request held for good (`held_hangup`) does so after this
-UPSTREAM_TIMEOUT_S = 1.0  # the gateway's per-request upstream deadline (a hanging upstream ends here)
+UPSTREAM_TIMEOUT_S = 3.0  # the gateway's per-request upstream deadline (a hanging upstream ends here)
 CLIENT_TIMEOUT_S = 10.0  # the client's own deadline per request (never reached when the gateway is right)
 DRAIN_S = 15.0  # after the arrivals, how long open requests may take to end
+IDLE_S = 3.5  # after the run, the wait before the live-memory count (the upstream pool's keep-alive is 3 s)
 RSS_EVERY = 250  # requests between memory samples
+# Live memory blocks a run may leave behind after it drained: caches of asyncio, aiohttp and yarl take 1.5-3k
+# whatever the count (measured at 300-1,200 requests); a leak of one block per request exceeds it from 5,000 on.
+BLOCKS_ALLOWED = 5000
 
 # name: (weight, the gateway's outcome for it). Weights are per 100 requests.
 FAULTS: dict[str, tuple[int, str]] = {
@@ -160,10 +166,10 @@ def _chunk(index: int, last: bool) -> bytes:
 
 @dataclass
 class Upstream:
-    """An aiohttp server that carries out the fault named in each request's FAULT_HEADER, and records its own
+    """An aiohttp server that carries out the fault named in each request's FAULT_HEADER, and reports its own
     time per request (receipt to last byte written) for the added-latency figure."""
 
-    served: dict[str, float] = field(default_factory=dict)  # soak id -> seconds the upstream spent
+    on_served: Callable[[int, float], None]  # (request index, seconds the upstream spent on it)
     port: int = 0
 
     async def start(self) -> None:
@@ -186,13 +192,13 @@ class Upstream:
         start = time.perf_counter()
         await request.read()
         fault = request.headers.get(FAULT_HEADER, UNTOUCHED)
-        soak_id = request.headers.get(ID_HEADER, "")
+        soak_id = int(request.headers.get(ID_HEADER, "-1"))
         try:
             return await self._answer(request, fault)
         except ConnectionResetError:  # the gateway hung up first (it gave up on a slow stream): nothing to send
             return web.Response()
         finally:
-            self.served[soak_id] = time.perf_counter() - start
+            self.on_served(soak_id, time.perf_counter() - start)
 
     async def _answer(self, request: web.Request, fault: str) -> web.StreamResponse:
         if fault.startswith("status_"):
@@ -289,6 +295,9 @@ class SoakResult:
     fds_before: int
     fds_after: int
     rss_mb: list[float]
+    # Python's allocated memory blocks before the load and after it drained (gateway still up, garbage
+    # collected): RSS keeps the high-water mark of a backlog, blocks count what is still alive.
+    blocks: tuple[int, int]
     added_s: list[float]  # added latency of untouched requests
     error_logs: list[str]
 
@@ -314,6 +323,77 @@ class _ErrorLogs(logging.Handler):
         self.lines.append(f"{record.name}: {record.getMessage()}{cause}")
 
 
+class Ledger:
+    """Joins what the client, the gateway and the upstream each say about a request, and judges it as soon as
+    all of them have spoken; it keeps only requests still open, so the harness's memory does not grow with
+    the count (the RSS figure is then the gateway's). Arrays sized up front hold the figures."""
+
+    def __init__(self, faults: list[str], faulty: bool) -> None:
+        self.faults = faults
+        self.faulty = faulty
+        self.client: dict[int, Sent] = {}
+        self.gateway: dict[int, tuple[str, str | None]] = {}
+        self.upstream: dict[int, float] = {}
+        self.joined = np.zeros(len(faults), dtype=bool)
+        self.added = np.empty(len(faults))
+        self.count_added = 0
+        self.outcomes: Counter[tuple[str, str]] = Counter()
+        self.reasons: dict[str, str] = {}
+        self.wrong: list[str] = []
+
+    def on_client(self, index: int, sent: Sent) -> None:
+        if index < len(self.faults):  # not a warm-up request
+            self.client[index] = sent
+            self._join(index)
+
+    def on_gateway(self, event: Event) -> None:
+        if event["event"] == "gateway_request" and int(event["id"]) < len(self.faults):
+            index = int(event["id"])
+            self.gateway[index] = (event["outcome"], event["reason"])
+            self._join(index)
+
+    def on_upstream(self, index: int, seconds: float) -> None:
+        if index < len(self.faults) and not self.joined[index]:  # a hanging handler may end after its judgement
+            self.upstream[index] = seconds
+            self._join(index)
+
+    def _join(self, index: int) -> None:
+        sent, event = self.client.get(index), self.gateway.get(index)
+        if sent is None or event is None:
+            return
+        outcome, reason = event
+        expected = FAULTS[sent.fault][1] if self.faulty else "completed"
+        untouched_ok = sent.fault == UNTOUCHED and outcome == expected
+        if untouched_ok and index not in self.upstream:
+            return  # its latency needs the upstream's own time too
+        del self.client[index], self.gateway[index]
+        served = self.upstream.pop(index, None)
+        self.joined[index] = True
+        self.outcomes[(sent.fault, outcome)] += 1
+        self.reasons.setdefault(sent.fault, str(reason))
+        if outcome != expected or (outcome != "completed" and not reason):
+            self.wrong.append(f"request {index} ({sent.fault}): {outcome} ({reason}), expected {expected}")
+        elif untouched_ok:
+            if sent.status != 200 or sent.e2e_s is None or served is None:
+                self.wrong.append(f"request {index}: completed at the gateway, client saw {sent.status} {sent.error}")
+            else:
+                self.added[self.count_added] = sent.e2e_s - served
+                self.count_added += 1
+
+    def close(self) -> None:
+        """After the run: a request the client gave up on before the gateway read it is the client's own
+        (counted `unreceived`); anything else still unjoined is a request the gateway lost."""
+        for index, sent in self.client.items():
+            if index in self.gateway:
+                self.wrong.append(f"request {index} ({sent.fault}): no upstream time for a completed request")
+            elif sent.status is None and sent.error is not None:
+                self.outcomes[(sent.fault, "unreceived")] += 1
+                self.reasons.setdefault(sent.fault, sent.error)
+            else:
+                self.wrong.append(f"request {index} ({sent.fault}): no outcome from the gateway")
+        self.wrong += [f"request {i}: an outcome from the gateway, none from the client" for i in self.gateway]
+
+
 async def soak(requests: int, rate: float, seed: int, *, faulty: bool = True, max_seconds: float = 600.0) -> SoakResult:
     """Send `requests` through a gateway in front of the misbehaving upstream; see the module docstring."""
     gc.collect()
@@ -323,32 +403,42 @@ async def soak(requests: int, rate: float, seed: int, *, faulty: bool = True, ma
         logging.getLogger(name).addHandler(errors)
     faults = draw_faults(requests, seed, faulty)
     gaps = np.random.default_rng(seed + 1).exponential(1.0 / rate, size=requests)
-    # What the gateway said about each request, kept small: the harness's own memory grows with the count.
-    events: dict[str, tuple[str, str | None]] = {}
-
-    def on_event(event: Event) -> None:
-        if event["event"] == "gateway_request":
-            events[str(event["id"])] = (event["outcome"], event["reason"])
-
-    upstream = Upstream()
+    ledger = Ledger(faults, faulty)
+    upstream = Upstream(on_served=ledger.on_upstream)
     await upstream.start()
     dead = f"http://{HOST}:{_free_port()}"  # nothing listens there: connections are refused
     policy = ScriptedFaults()
     gateway = Gateway(  # set up as `slo-console gateway` sets it up (core/gateway/standalone.py)
         [upstream.url, dead],
         policy,
-        on_event=on_event,
+        on_event=ledger.on_gateway,
         request_timeout_s=UPSTREAM_TIMEOUT_S,
         keep_decisions=False,
     )
     await gateway.start()
-    rss: list[float] = [rss_mb()]
-    results: list[Sent] = []
-    start = time.perf_counter()
+    settle_heap()  # as the standalone gateway does once it serves; undone at the end
+
+    async def client(session: aiohttp.ClientSession, index: int, fault: str) -> None:
+        # A deferred request is answered when the load ends: its client waits for the whole run.
+        wait_s = max_seconds + DRAIN_S if fault == "deferred" else CLIENT_TIMEOUT_S
+        ledger.on_client(index, await send_one(session, gateway.base_url, index, fault, wait_s))
+
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            pending: set[asyncio.Task[Sent]] = set()
-            tasks: list[asyncio.Task[Sent]] = []
+            # Warm-up, not counted: one request of each fault (but `deferred`) fills the caches its code path
+            # keeps for good (compiled patterns, exception classes), so the live-memory count after the run
+            # sees only what the run left. Then idle connections close.
+            warm = [name for name in FAULTS if name != "deferred"]
+            await asyncio.gather(*(client(session, requests + k, name) for k, name in enumerate(warm)))
+            await asyncio.sleep(IDLE_S)
+            gc.collect()
+            blocks_before = sys.getallocatedblocks()
+            warm_stats = gateway.stats.as_dict()
+            rss: list[float] = [rss_mb()]
+            sent_count = 0
+            start = time.perf_counter()
+            open_clients: set[asyncio.Task[None]] = set()
+            deferred: set[asyncio.Task[None]] = set()
             due = start
             for index, fault in enumerate(faults):
                 due += gaps[index]
@@ -357,26 +447,25 @@ async def soak(requests: int, rate: float, seed: int, *, faulty: bool = True, ma
                 delay = due - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                # A deferred request is answered when the load ends: its client waits for the whole run.
-                wait_s = max_seconds + DRAIN_S if fault == "deferred" else CLIENT_TIMEOUT_S
-                task = asyncio.create_task(send_one(session, gateway.base_url, index, fault, wait_s))
-                if fault != "deferred":
-                    pending.add(task)
-                    task.add_done_callback(pending.discard)
-                tasks.append(task)
-                if (index + 1) % RSS_EVERY == 0:
+                task = asyncio.create_task(client(session, index, fault))
+                group = deferred if fault == "deferred" else open_clients
+                group.add(task)
+                task.add_done_callback(group.discard)
+                sent_count += 1
+                if sent_count % RSS_EVERY == 0:
                     rss.append(rss_mb())
             # Everything but the deferred requests ends by itself; then the load is over and they are answered.
             deadline = time.perf_counter() + DRAIN_S
-            while pending and time.perf_counter() < deadline:
+            while open_clients and time.perf_counter() < deadline:
                 await asyncio.sleep(0.05)
             gateway.end_arrivals()
-            done, _ = await asyncio.wait(tasks, timeout=max(0.1, deadline - time.perf_counter())) if tasks else ((), ())
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-            results = [t.result() if t in done else Sent(faults[i], error="never ended") for i, t in enumerate(tasks)]
+            remaining = open_clients | deferred
+            if remaining:
+                await asyncio.wait(remaining, timeout=max(0.1, deadline - time.perf_counter()))
+            for task in remaining:
+                task.cancel()
             await gateway.settle(timeout_s=5.0)
+            await asyncio.sleep(0.05)  # the last upstream handlers record their time
         wall_s = time.perf_counter() - start
         # What the gateway and the mode still hold per request once every request has ended: all should be 0.
         leftovers = {
@@ -386,52 +475,35 @@ async def soak(requests: int, rate: float, seed: int, *, faulty: bool = True, ma
             "mode_held": len(policy.held),
         }
         rss.append(rss_mb())
+        # Idle pooled connections (and their handlers) close after the upstream pool's keep-alive (3 s): what
+        # is alive after that is what the requests left behind.
+        await asyncio.sleep(IDLE_S)
+        gc.collect()
+        blocks_after = sys.getallocatedblocks()
     finally:
         await gateway.stop(grace_s=2.0)
         await upstream.stop()
         for name in ("aiohttp.server", "aiohttp.web", "asyncio", "aiohttp.client"):
             logging.getLogger(name).removeHandler(errors)
+        gc.unfreeze()
     await asyncio.sleep(0.2)  # closed transports release their sockets on the next loop iterations
     gc.collect()
-    wrong: list[str] = []
-    outcomes: Counter[tuple[str, str]] = Counter()
-    added: list[float] = []
-    reasons: dict[str, str] = {}
-    for index, sent in enumerate(results):
-        event = events.get(str(index))
-        if event is None:
-            if sent.status is None and sent.error is not None:
-                # The client gave up before the gateway read the request (an overloaded run): the client's.
-                outcomes[(sent.fault, "unreceived")] += 1
-                reasons.setdefault(sent.fault, sent.error)
-            else:
-                wrong.append(f"request {index} ({sent.fault}): no outcome from the gateway")
-            continue
-        (outcome, reason), expected = event, FAULTS[sent.fault][1] if faulty else "completed"
-        outcomes[(sent.fault, outcome)] += 1
-        reasons.setdefault(sent.fault, str(reason))
-        if outcome != expected or (outcome != "completed" and not reason):
-            wrong.append(f"request {index} ({sent.fault}): {outcome} ({reason}), expected {expected}")
-        elif sent.fault == UNTOUCHED:
-            served = upstream.served.get(str(index))
-            if sent.status != 200 or sent.e2e_s is None or served is None:
-                wrong.append(f"request {index}: completed at the gateway, client saw {sent.status} {sent.error}")
-            else:
-                added.append(sent.e2e_s - served)
+    ledger.close()
     return SoakResult(
-        requests=len(results),
+        requests=sent_count,
         wall_s=wall_s,
-        stats=gateway.stats.as_dict(),
-        outcomes=outcomes,
-        reasons=reasons,
+        stats={key: value - warm_stats[key] for key, value in gateway.stats.as_dict().items()},
+        outcomes=ledger.outcomes,
+        reasons=ledger.reasons,
         leftovers=leftovers,
-        wrong=wrong,
+        wrong=ledger.wrong,
         tasks_before=tasks_before,
         tasks_after=len(asyncio.all_tasks()),
         fds_before=fds_before,
         fds_after=open_fds(),
         rss_mb=rss,
-        added_s=added,
+        blocks=(blocks_before, blocks_after),
+        added_s=ledger.added[: ledger.count_added].tolist(),
         error_logs=errors.lines,
     )
 
@@ -459,6 +531,8 @@ def problems(result: SoakResult, baseline: SoakResult | None, *, latency: bool =
         found.append(f"counters do not add up: {s}")
     if any(result.leftovers.values()):
         found.append(f"per-request state left in the gateway: {result.leftovers}")
+    if result.blocks[1] - result.blocks[0] > BLOCKS_ALLOWED:
+        found.append(f"live memory blocks grew by {result.blocks[1] - result.blocks[0]} over the run")
     if result.tasks_after != result.tasks_before:
         found.append(f"asyncio tasks: {result.tasks_before} before, {result.tasks_after} after")
     if result.fds_after != result.fds_before:
@@ -480,7 +554,8 @@ def describe(label: str, result: SoakResult) -> list[str]:
         f"{s['deferred']} + failed {s['failed']}; outcomes not as scheduled: {len(result.wrong)}",
         f"  tasks {result.tasks_before} -> {result.tasks_after}, open fds {result.fds_before} -> {result.fds_after}, "
         f"RSS {result.rss_mb[0]:.1f} -> {result.rss_mb[-1]:.1f} MB "
-        f"(second half +{result.rss_growth_second_half_mb:.1f} MB)",
+        f"(second half +{result.rss_growth_second_half_mb:.1f} MB), "
+        f"live blocks {result.blocks[0]} -> {result.blocks[1]}",
         f"  gateway added latency, untouched requests ({len(result.added_s)}): p50 {p50 * 1e3:.2f} ms, "
         f"p99 {p99 * 1e3:.2f} ms",
     ]
