@@ -1,16 +1,16 @@
 """Soak: many requests through the admission gateway over upstreams that misbehave on a seeded schedule.
 
-    python benchmarks/soak.py [--requests 20000] [--rate 250] [--seed 0] [--max-seconds 900]
-        [--baseline-requests 4000]
+    python benchmarks/soak.py [--requests 20000] [--rate 60] [--seed 0] [--max-seconds 600]
+        [--baseline-requests 3000]
 
 Everything runs in one process on one event loop, on 127.0.0.1 only: the gateway (core/gateway/server.py, the
 same `Gateway` the standalone server runs), an aiohttp upstream that carries out each request's fault, a
 port where nothing listens, and an open-loop client (Poisson arrivals at `--rate`). Each request draws one
-fault from `FAULTS` (seeded): the upstream dies mid-stream, resets the connection, hangs without sending,
-truncates the stream or sends malformed events or an in-stream error, answers 429/500/503, or trickles
-slowly; the connection is refused (the request is routed to the dead port); the mode rejects it, holds it
-and releases it later, or holds it until the load ends (deferred); the client hangs up early (after the
-first chunk, or while the request is held) or reads slowly. The routing, holds and rejections are a
+fault from `FAULTS` (seeded; benchmarks/soak_faults.py): the upstream dies mid-stream, resets the connection,
+hangs without sending, truncates the stream or sends malformed events or an in-stream error, answers
+429/500/503, or trickles slowly; the connection is refused (the request is routed to the dead port); the
+mode rejects it, holds it and releases it later, or holds it until the load ends (deferred); the client hangs
+up early (after the first chunk, or while the request is held) or reads slowly. The routing, holds and rejections are a
 scripted `Policy` (`ScriptedFaults`): the soak tests the gateway's plumbing and accounting, the modes' own
 logic has its own tests.
 
@@ -19,7 +19,7 @@ After the run it checks, and prints:
   gateway's `gateway_request` events, by the client's request id) is the one its fault must give, with a
   cause (no request left open or counted twice);
 - cleanup: asyncio tasks and open file descriptors after the run (gateway, sessions and upstream closed)
-  equal those before it;
+  equal those before it, and no per-request state is left (held, in flight, decisions, the mode's queue);
 - memory: Python's live memory blocks before the load and after it drained (at most BLOCKS_ALLOWED more),
   and the resident set size sampled through the run (it keeps the high-water mark of any backlog);
 - latency: the gateway's added latency (client end to end minus the upstream's own time, one clock) of the
@@ -36,239 +36,43 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import json
 import logging
-import math
 import os
 import sys
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import numpy as np
-from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from core.controller_api import ControlledRequest, Policy, Release, ReplicaView, Verdict
+from benchmarks.soak_faults import (
+    CLIENT_TIMEOUT_S,
+    FAULTS,
+    HOST,
+    UNTOUCHED,
+    UPSTREAM_TIMEOUT_S,
+    ScriptedFaults,
+    Sent,
+    Upstream,
+    draw_faults,
+    send_one,
+)
 from core.events import Event
 from core.gateway.server import Gateway
 from core.gateway.standalone import settle_heap
 from core.metrics import percentiles
 
-HOST = "127.0.0.1"  # loopback only: the soak never listens or connects anywhere else
-FAULT_HEADER = "x-soak-fault"
-ID_HEADER = "x-soak-id"  # the upstream's own copy of the request id (the gateway drops x-request-id)
-TOKENS = 8  # chunks per stream
-TRICKLE_S = 0.03  # between chunks of a slow stream
-SLOW_READ_S = 0.01  # the slow reader's pause between reads
-HOLD_S = 0.1  # how long a `held` request waits before the scripted mode releases it
-CLIENT_HANGUP_S = 0.5  # a client that gives up on a request held for good (`held_hangup`) does so after this
-UPSTREAM_TIMEOUT_S = 3.0  # the gateway's per-request upstream deadline (a hanging upstream ends here)
-CLIENT_TIMEOUT_S = 10.0  # the client's own deadline per request (never reached when the gateway is right)
 DRAIN_S = 15.0  # after the arrivals, how long open requests may take to end
 IDLE_S = 3.5  # after the run, the wait before the live-memory count (the upstream pool's keep-alive is 3 s)
 RSS_EVERY = 250  # requests between memory samples
 # Live memory blocks a run may leave behind after it drained: caches of asyncio, aiohttp and yarl take 1.5-3k
 # whatever the count (measured at 300-1,200 requests); a leak of one block per request exceeds it from 5,000 on.
 BLOCKS_ALLOWED = 5000
-
-# name: (weight, the gateway's outcome for it). Weights are per 100 requests.
-FAULTS: dict[str, tuple[int, str]] = {
-    "none": (52, "completed"),
-    "trickle": (4, "completed"),
-    "slow_reader": (4, "completed"),
-    "held": (3, "completed"),
-    "die": (4, "failed"),
-    "reset": (3, "failed"),
-    "hang": (2, "failed"),
-    "truncated": (3, "failed"),
-    "malformed": (3, "failed"),
-    "stream_error": (3, "failed"),
-    "status_429": (2, "failed"),
-    "status_500": (2, "failed"),
-    "status_503": (2, "failed"),
-    "refused": (3, "failed"),
-    "rejected": (3, "rejected"),
-    "hangup_early": (4, "failed"),
-    "held_hangup": (2, "failed"),
-    "deferred": (1, "deferred"),
-}
-UNTOUCHED = "none"  # the requests whose latency is compared with the fault-free run
-
-
-def draw_faults(count: int, seed: int, faulty: bool) -> list[str]:
-    """The seeded schedule: one fault per request (all `none` for the fault-free run)."""
-    if not faulty:
-        return [UNTOUCHED] * count
-    names = list(FAULTS)
-    weights = np.array([FAULTS[name][0] for name in names], dtype=float)
-    rng = np.random.default_rng(seed)
-    return [names[i] for i in rng.choice(len(names), size=count, p=weights / weights.sum())]
-
-
-# ---------------------------------------------------------------- the scripted mode
-
-
-class ScriptedFaults(Policy):
-    """Routes, holds and rejects by the fault each request carries (its task): `refused` goes to replica 1
-    (nothing listens there), `rejected` is rejected, `held` is held for HOLD_S, `held_hangup` until its client
-    gives up and `deferred` until the load ends; everything else goes to replica 0 at once."""
-
-    name = "soak-script"
-    passthrough = False
-
-    def __init__(self) -> None:
-        self.held: dict[int, ControlledRequest] = {}
-
-    def on_arrival(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> Verdict:
-        task = req.spec.task
-        if task == "rejected":
-            return Verdict.reject("scripted rejection")
-        if task in ("held", "held_hangup", "deferred"):
-            self.held[req.request_id] = req
-            return Verdict.hold()
-        return Verdict.release(1 if task == "refused" else 0)
-
-    def release(self, now: float, replicas: Sequence[ReplicaView]) -> list[Release]:
-        due = [r for r in self.held.values() if r.spec.task == "held" and r.arrival_s + HOLD_S <= now]
-        for request in due:
-            del self.held[request.request_id]
-        return [Release(request, 0) for request in due]
-
-    def on_finish(self, req: ControlledRequest, now: float, replicas: Sequence[ReplicaView]) -> None:
-        self.held.pop(req.request_id, None)  # a held request whose client hung up
-
-    def next_wakeup(self, now: float) -> float:
-        times = [r.arrival_s + HOLD_S for r in self.held.values() if r.spec.task == "held"]
-        return min(times, default=math.inf)
-
-    def drain(self) -> list[ControlledRequest]:
-        drained = list(self.held.values())
-        self.held.clear()
-        return drained
-
-
-# ---------------------------------------------------------------- the misbehaving upstream
-
-
-def _event(payload: str) -> bytes:
-    return f"data: {payload}\n\n".encode()
-
-
-def _chunk(index: int, last: bool) -> bytes:
-    choice = {"index": 0, "text": " tok", "finish_reason": "length" if last else None}
-    usage = {"prompt_tokens": 4, "completion_tokens": index + 1, "total_tokens": index + 5}
-    return _event(json.dumps({"id": "soak", "choices": [choice], "usage": usage}, separators=(",", ":")))
-
-
-@dataclass
-class Upstream:
-    """An aiohttp server that carries out the fault named in each request's FAULT_HEADER, and reports its own
-    time per request (receipt to last byte written) for the added-latency figure."""
-
-    on_served: Callable[[int, float], None]  # (request index, seconds the upstream spent on it)
-    port: int = 0
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._completions)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, HOST, 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
-
-    @property
-    def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    async def _completions(self, request: web.Request) -> web.StreamResponse:
-        start = time.perf_counter()
-        await request.read()
-        fault = request.headers.get(FAULT_HEADER, UNTOUCHED)
-        soak_id = int(request.headers.get(ID_HEADER, "-1"))
-        try:
-            return await self._answer(request, fault)
-        except ConnectionResetError:  # the gateway hung up first (it gave up on a slow stream): nothing to send
-            return web.Response()
-        finally:
-            self.on_served(soak_id, time.perf_counter() - start)
-
-    async def _answer(self, request: web.Request, fault: str) -> web.StreamResponse:
-        if fault.startswith("status_"):
-            status = int(fault.removeprefix("status_"))
-            return web.json_response({"error": {"message": f"scripted {status}", "code": status}}, status=status)
-        if fault == "reset":
-            assert request.transport is not None
-            request.transport.abort()  # the connection drops before any answer
-            return web.Response()
-        if fault == "hang":
-            await asyncio.sleep(3600)  # cancelled when the gateway gives up and closes the connection
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for index in range(TOKENS):
-            if fault == "die" and index == TOKENS // 2:
-                assert request.transport is not None
-                request.transport.abort()
-                return response
-            if fault == "truncated" and index == TOKENS // 2:
-                await response.write_eof()  # ends cleanly, without a finish_reason or [DONE]
-                return response
-            if fault == "malformed" and index == TOKENS // 2:
-                await response.write(b'data: {"choices": [{"text": "unterminated\n\ndata: \xff\xfe\n\n')
-                await response.write_eof()
-                return response
-            if fault == "stream_error" and index == TOKENS // 2:
-                await response.write(_event(json.dumps({"error": {"message": "scripted engine error"}})))
-                await response.write_eof()
-                return response
-            if fault in ("trickle", "hangup_early", "slow_reader") and index:
-                await asyncio.sleep(TRICKLE_S if fault != "slow_reader" else 0)
-            await response.write(_chunk(index, last=index == TOKENS - 1))
-        await response.write_eof(_event("[DONE]"))
-        return response
-
-
-# ---------------------------------------------------------------- the client
-
-
-@dataclass(slots=True)
-class Sent:
-    fault: str
-    status: int | None = None  # HTTP status the client got; None: it hung up or could not connect
-    e2e_s: float | None = None
-    error: str | None = None
-
-
-async def send_one(session: aiohttp.ClientSession, url: str, index: int, fault: str, wait_s: float) -> Sent:
-    """One request with its fault; the client waits at most `wait_s` (CLIENT_HANGUP_S for `held_hangup`)."""
-    body = {"model": "soak", "prompt": "soak", "max_tokens": TOKENS, "stream": True}
-    headers = {"x-request-id": str(index), "x-task": fault, FAULT_HEADER: fault, ID_HEADER: str(index)}
-    sent = Sent(fault)
-    start = time.perf_counter()
-    try:
-        async with asyncio.timeout(CLIENT_HANGUP_S if fault == "held_hangup" else wait_s):
-            async with session.post(url + "/v1/completions", json=body, headers=headers) as response:
-                sent.status = response.status
-                async for _ in response.content.iter_any():
-                    if fault == "hangup_early":
-                        break  # hang up after the first chunk: the context manager closes the connection
-                    if fault == "slow_reader":
-                        await asyncio.sleep(SLOW_READ_S)
-        sent.e2e_s = time.perf_counter() - start
-    except TimeoutError:
-        sent.error = "client timeout"
-    except aiohttp.ClientError as exc:
-        sent.error = f"{type(exc).__name__}: {exc}"
-    return sent
 
 
 # ---------------------------------------------------------------- one run
@@ -596,10 +400,11 @@ async def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=20000)
-    parser.add_argument("--rate", type=float, default=250.0, help="Poisson arrivals per second")
+    # 60 req/s: what this one process sustains on the shared 2-core machine (about 2 ms of CPU per request).
+    parser.add_argument("--rate", type=float, default=60.0, help="Poisson arrivals per second")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-seconds", type=float, default=900.0, help="stop sending after this long")
-    parser.add_argument("--baseline-requests", type=int, default=4000, help="fault-free run first (0: none)")
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="stop sending after this long")
+    parser.add_argument("--baseline-requests", type=int, default=3000, help="fault-free run first (0: none)")
     args = parser.parse_args(argv)
     return asyncio.run(run(args))
 
