@@ -137,7 +137,7 @@ def test_slo_ratio_without_a_baseline_says_how_to_fix_it(tmp_path: Path) -> None
     [
         ("5.0,abc,3", r"'input_length' must be a number \(got 'abc'\)"),
         ("5.0,12.5,3", r"'input_length' must be a whole number"),
-        ("5.0,0,3", r"'input_length' must be a whole number of tokens >= 1"),
+        ("5.0,0,3", r"'input_length' must be a whole number of tokens from 1 to 1e\+09"),
         ("-1,10,3", r"'timestamp_s' is negative"),
         ("5.0,,3", r"no prompt length"),
         ("5.0,10,3,extra", r"more cells than header columns"),
@@ -170,8 +170,25 @@ def test_missing_and_empty_traces_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="no requests"):
         build_load_plan(trace_profile(empty, "jsonl", tmp_path))
     missing = trace_profile(tmp_path / "missing.jsonl", "jsonl", tmp_path)
-    with pytest.raises(ProfileError, match="not found"):
+    with pytest.raises(ProfileError, match=r"trace-test\.yaml: 'missing\.jsonl': no such file .*fix the path"):
         build_load_plan(missing)
+    # An empty path names the profile's own directory: refused the same way, not as "Is a directory".
+    (tmp_path / "blank.yaml").write_text("name: blank\nworkload:\n  trace: {path: '', format: csv}\n")
+    with pytest.raises(ProfileError, match=r"blank\.yaml: '': no such file"):
+        build_load_plan(load_profile(tmp_path / "blank.yaml"))
+
+
+def test_a_bare_trace_path_takes_its_format_from_the_extension(tmp_path: Path) -> None:
+    (tmp_path / "t.csv.gz").write_bytes(gzip.compress(b"timestamp_s,input_tokens,output_tokens\n2,5,6\n1,3,4\n"))
+    write_jsonl(tmp_path / "t.jsonl", [{"timestamp_s": 0, "input_length": 7, "output_length": 8}])
+    profile_path = tmp_path / "p.yaml"
+    for trace, lengths in (("t.csv.gz", [(3, 4), (5, 6)]), ("{path: t.jsonl}", [(7, 8)])):
+        profile_path.write_text(f"name: p\nworkload:\n  trace: {trace}\n")
+        profile = load_profile(profile_path)
+        assert [(s.prompt_tokens, s.output_tokens) for s in replay(profile)] == lengths
+    profile_path.write_text("name: p\nworkload:\n  trace: t.txt\n")
+    with pytest.raises(ProfileError, match=r"p\.yaml: workload\.trace: the file name 't\.txt' does not say .*csv"):
+        load_profile(profile_path)
 
 
 def test_trace_replay_respects_requests_duration_and_warmup(tmp_path: Path) -> None:

@@ -311,19 +311,25 @@ class _StreamState:
             raise _StreamFailure(Status.ERROR, f"server error in stream: {_snippet(str(message))}")
         choices = data.get("choices") or []
         usage = data.get("usage") or {}
-        if usage.get("prompt_tokens") is not None:
-            self.prompt_tokens = int(usage["prompt_tokens"])
+        shaped = isinstance(choices, list) and isinstance(usage, dict) and all(isinstance(c, dict) for c in choices[:1])
+        if not shaped:
+            message = f"malformed SSE chunk (choices: a list of objects, usage: an object): {_snippet(str(data))}"
+            raise _StreamFailure(Status.ERROR, message)
+        prompt_tokens = _token_count(usage, "prompt_tokens")
+        if prompt_tokens is not None:
+            self.prompt_tokens = prompt_tokens
+        completion_tokens = _token_count(usage, "completion_tokens")
         if not choices:
             # The closing usage chunk (choices == []) carries the totals.
-            if usage.get("completion_tokens") is not None:
-                self.final_completion_tokens = int(usage["completion_tokens"])
+            if completion_tokens is not None:
+                self.final_completion_tokens = completion_tokens
             return
         choice = choices[0]
         if choice.get("finish_reason") is not None:
             self.finish_reason = choice["finish_reason"]
-        if usage.get("completion_tokens") is not None:
+        if completion_tokens is not None:
             self.usage_per_chunk = True
-            cumulative = int(usage["completion_tokens"])
+            cumulative = completion_tokens
             tokens = cumulative - self.completion_tokens_seen
             self.completion_tokens_seen = cumulative
         else:
@@ -349,8 +355,22 @@ class _StreamState:
         record.end_s = self.done_s if (record.status is Status.OK and self.done_s is not None) else now
 
 
+def _token_count(usage: dict[str, Any], key: str) -> int | None:
+    """A usage count: None when absent, else a whole number >= 0 or the stream fails (one line)."""
+    value = usage.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _StreamFailure(Status.ERROR, f"malformed SSE usage: {key} is {_snippet(repr(value))}, not a count")
+    return value
+
+
 def _chunk_text(choice: dict[str, Any]) -> str:
+    """The chunk's text; a field of another type than a string carries none."""
     if "text" in choice:
-        return choice.get("text") or ""
-    delta = choice.get("delta") or {}
-    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+        text = choice.get("text")
+    else:
+        delta = choice.get("delta")
+        delta = delta if isinstance(delta, dict) else {}
+        text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+    return text if isinstance(text, str) else ""

@@ -127,6 +127,7 @@ class AdmissionController:
         policy_factory: PolicyFactory | None = None,
         on_event: EventSink | None = None,
         request_events: bool = True,
+        keep_decisions: bool = True,
     ) -> None:
         self.upstreams = [Upstream(i, url.rstrip("/")) for i, url in enumerate(upstreams)]
         # What the policy routes among: the upstreams not retired (all of them unless a replica was swapped).
@@ -141,7 +142,11 @@ class AdmissionController:
         # served (the online tuner, core/tune/online_gateway.py); None builds none.
         self.record_sink: RecordSink | None = None
         self.stats = GatewayStats()
-        self.decisions: dict[str, Decision] = {}  # by the caller's request id, when it sent one
+        # By the caller's request id, when it sent one: what an embedded run reads into its records (and clears
+        # each run). A standalone gateway has no reader, so it keeps none (`keep_decisions=False`): kept, one per
+        # request for as long as the gateway serves, they were its only memory that grew with the load.
+        self.decisions: dict[str, Decision] = {}
+        self.keep_decisions = keep_decisions
         # After `end_arrivals()` (an embedded run's load has been sent) nothing is held any more: a hold
         # verdict is answered `deferred` at once, as the simulator defers what is still held at the end.
         self.arrivals_ended = False
@@ -207,7 +212,7 @@ class AdmissionController:
         setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
         if self.record_sink is not None:
             self.record_sink(self._record(request, outcome, reason, now))
-        if client_id is not None:
+        if client_id is not None and self.keep_decisions:
             self.decisions[client_id] = Decision(
                 outcome, reason, request.tier, request.replica, request.arrival_s, request.dispatched_s
             )

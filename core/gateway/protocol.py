@@ -281,7 +281,8 @@ def scan_event(payload: bytes) -> EventFacts:
 
 
 def parse_event(payload: bytes) -> EventFacts | str | None:
-    """What one event says, parsed as JSON: its facts, its error (a string), or None when it is no object."""
+    """What one event says, parsed as JSON: its facts, its error (one line), or None when it is no object.
+    Fields of the wrong type count as absent, as the byte scan reads them (a count is a whole number >= 0)."""
     try:
         event = json.loads(payload)
     except ValueError:
@@ -289,15 +290,17 @@ def parse_event(payload: bytes) -> EventFacts | str | None:
     if not isinstance(event, dict):
         return None
     if "error" in event:
-        return str(event["error"])[:200]
-    usage = event.get("usage") or {}
-    choices = event.get("choices") or []
-    usage_tokens = None if usage.get("completion_tokens") is None else int(usage["completion_tokens"])
+        return " ".join(str(event["error"]).split())[:200]
+    usage = event.get("usage")
+    choices = event.get("choices")
+    choices = choices if isinstance(choices, list) else []
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    usage_tokens = count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
     has_text = False
-    if usage_tokens is None and choices:
+    if usage_tokens is None and choices and isinstance(choices[0], dict):
         choice = choices[0]
-        delta = choice.get("delta") or {}
-        has_text = bool(choice.get("text") or delta.get("content"))
+        delta = choice.get("delta")
+        has_text = bool(choice.get("text") or (isinstance(delta, dict) and delta.get("content")))
     finished = any(isinstance(c, dict) and c.get("finish_reason") is not None for c in choices)
     return usage_tokens, has_text, finished
 

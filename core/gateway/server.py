@@ -67,6 +67,7 @@ class Gateway(AdmissionController):
         on_event: EventSink | None = None,
         request_events: bool = True,
         request_timeout_s: float = 600.0,
+        keep_decisions: bool = True,
     ) -> None:
         if not upstreams:
             raise GatewayError("the gateway needs at least one upstream URL (--upstream http://HOST:PORT)")
@@ -77,6 +78,7 @@ class Gateway(AdmissionController):
             policy_factory=policy_factory,
             on_event=on_event,
             request_events=request_events,
+            keep_decisions=keep_decisions,
         )
         self.host = host
         self.port = port
@@ -248,7 +250,10 @@ class Gateway(AdmissionController):
                 outcome, reason = "failed", f"upstream answered HTTP {upstream.status}"
             return web.Response(status=upstream.status, body=data, headers=response_headers(upstream))
         except (aiohttp.ClientError, TimeoutError) as exc:
-            outcome, reason = "failed", f"upstream {self.upstreams[request.replica].url}: {type(exc).__name__}: {exc}"
+            # A timeout says nothing of itself: the cause is the deadline it hit.
+            detail = exc if str(exc) else f"no complete answer within {self.request_timeout_s:g} s"
+            url = self.upstreams[request.replica].url
+            outcome, reason = "failed", f"upstream {url}: {type(exc).__name__}: {detail}"
             if response is not None:  # the stream broke after it began: the client sees it end early
                 return response
             return web.json_response(error_body(ERROR_UPSTREAM, reason, 502), status=502)

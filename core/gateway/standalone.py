@@ -135,6 +135,7 @@ async def _serve_on(
         port=args.port,
         on_event=_print_event,
         request_events=args.log_requests,  # otherwise no per-request event is even built
+        keep_decisions=False,  # nothing reads them here: kept, they grow with every request served
     )
     try:
         url = await gateway.start()

@@ -9,6 +9,7 @@ place the scheduling mode joins the profile.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
@@ -61,8 +62,10 @@ class OperatorOptions:
             raise UsageError(f"--url is for --backend url (not {self.backend}); add --backend url or drop --url")
         if self.requests is not None and self.requests < 1:
             raise UsageError(f"--requests must be at least 1 (got {self.requests})")
-        if self.duration_s is not None and self.duration_s <= 0:
-            raise UsageError(f"--duration must be positive seconds (got {self.duration_s})")
+        if self.duration_s is not None and not (0 < self.duration_s < math.inf):
+            raise UsageError(f"--duration must be positive, finite seconds (got {self.duration_s})")
+        if self.seed is not None and self.seed < 0:
+            raise UsageError(f"--seed must be 0 or more (got {self.seed})")
         if self.resume and self.job != "tune":
             raise UsageError("--resume continues a tune's journal; use it with --job tune")
         if self.workers is not None and self.workers < 1:

@@ -38,6 +38,7 @@ from core.profile.serving_spec import (
 )
 from core.profile.strict import Strict
 from core.profile.workload_spec import (
+    MAX_TOKENS,
     Arrival,
     ClosedLoopArrival,
     ConstantArrival,
@@ -58,6 +59,7 @@ from core.profile.workload_spec import (
 
 __all__ = [
     "DEFAULT_MODE",
+    "MAX_TOKENS",
     "PROFILES_DIR",
     "SCHEDULING_MODES",
     "AdaServeSpec",

@@ -59,7 +59,8 @@ def _format_validation(path: Path, err: ValidationError, model: type[BaseModel])
         hint = f"did you mean {near}? " if near else ""
         msg = f"unknown field; {hint}check its spelling and level against the shipped profiles/quickstart.yaml"
     else:
-        msg = first["msg"]
+        # A validator's own message (ValueError) already names the fix; pydantic's prefix adds nothing.
+        msg = first["msg"].removeprefix("Value error, ")
     got = first.get("input")
     got_text = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
     if first["type"] == "extra_forbidden":
@@ -124,16 +125,19 @@ def profile_source(profile: Profile) -> Path | None:
 
 
 def resolve_relative(profile: Profile, ref: str) -> Path:
-    """Resolve a path written in a profile: relative to the profile's file, then to profiles/."""
+    """Resolve a path written in a profile: relative to the profile's file, then to profiles/. A directory
+    will not do (an empty or blank path names the profile's own directory); a pipe will (`<(zcat t.gz)`)."""
     path = Path(ref)
-    if path.is_absolute():
-        return path
     source = profile_source(profile)
-    candidates = ([source.parent / path] if source else []) + [PROFILES_DIR / path]
+    candidates = [path] if path.is_absolute() else ([source.parent / path] if source else []) + [PROFILES_DIR / path]
     for candidate in candidates:
-        if candidate.exists():
+        if candidate.exists() and not candidate.is_dir():
             return candidate
-    raise ProfileError(f"{ref}: file named in the profile not found (looked in {', '.join(map(str, candidates))})")
+    where = f"{source}: " if source else ""
+    raise ProfileError(
+        f"{where}{ref!r}: no such file (looked in {', '.join(map(str, candidates))}); "
+        "fix the path, relative to the profile's directory"
+    )
 
 
 def load_calibration(profile: Profile) -> Calibration:

@@ -17,7 +17,7 @@ from core.profile.workload_spec import SLOSpec, SmoothGoodputSpec, WorkloadSpec
 class Profile(Strict):
     name: str
     description: str = ""
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0)] = 0  # numpy's seed sequences take no negative number
     workload: WorkloadSpec
     slo: SLOSpec = Field(default_factory=lambda: SLOSpec(e2e_s=1.2))
     smooth_goodput: SmoothGoodputSpec = Field(default_factory=SmoothGoodputSpec)

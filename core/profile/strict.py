@@ -1,4 +1,4 @@
-"""The base of every profile model: unknown keys are refused, values are frozen."""
+"""The base of every profile model: unknown keys are refused, values are frozen, numbers are finite."""
 
 from __future__ import annotations
 
@@ -6,4 +6,6 @@ from pydantic import BaseModel, ConfigDict
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # allow_inf_nan=False: YAML reads `.inf` and `.nan` as floats, and no profile or calibration number means
+    # anything infinite (an infinite empirical weight made every probability NaN and the run a traceback).
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

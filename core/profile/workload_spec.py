@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from pathlib import PurePath
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -10,10 +11,16 @@ from core.profile.strict import Strict
 
 # ---------------------------------------------------------------- lengths
 
+# The most tokens one prompt or output may have: a billion is beyond any model's context and far inside the
+# int64 arrays lengths are drawn into (a uniform `high: 9223372036854775808` ended a run in numpy's
+# "high is out of bounds for int64"). Traces hold their rows to it too (core/workload/trace.py).
+MAX_TOKENS = 10**9
+Tokens = Annotated[int, Field(ge=1, le=MAX_TOKENS)]
+
 
 class FixedLength(Strict):
     dist: Literal["fixed"] = "fixed"
-    value: Annotated[int, Field(ge=1)]
+    value: Tokens
 
 
 class LognormalLength(Strict):
@@ -22,21 +29,21 @@ class LognormalLength(Strict):
     dist: Literal["lognormal"] = "lognormal"
     mean: Annotated[float, Field(gt=0)]
     sigma: Annotated[float, Field(ge=0)] = 0.5
-    min: Annotated[int, Field(ge=1)] = 1
-    max: Annotated[int, Field(ge=1)] = 32768
+    min: Tokens = 1
+    max: Tokens = 32768
 
 
 class UniformLength(Strict):
     dist: Literal["uniform"] = "uniform"
-    low: Annotated[int, Field(ge=1)]
-    high: Annotated[int, Field(ge=1)]
+    low: Tokens
+    high: Tokens
 
 
 class EmpiricalLength(Strict):
     """Draw from observed values (optionally weighted)."""
 
     dist: Literal["empirical"] = "empirical"
-    values: Annotated[list[Annotated[int, Field(ge=1)]], Field(min_length=1)]
+    values: Annotated[list[Tokens], Field(min_length=1)]
     weights: list[Annotated[float, Field(ge=0)]] | None = None
 
 
@@ -106,15 +113,57 @@ class TaskSpec(Strict):
     acceptance: Annotated[float, Field(ge=0, lt=1)] | None = None
 
 
+TraceFormat = Literal["csv", "jsonl", "adaserve"]
+# A trace's format by its file name's extension (before a .gz): what `trace: FILE` and a `trace:` mapping
+# without `format` read. `.json`: the AdaServe reader, which takes a JSON document or JSON Lines.
+TRACE_FORMAT_BY_SUFFIX: dict[str, TraceFormat] = {
+    ".csv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "adaserve",
+}
+
+
+def trace_format_of(path: str) -> TraceFormat | None:
+    """The format a trace's file name says (`t.csv.gz` is csv), or None when the name does not say."""
+    suffixes = [s.lower() for s in PurePath(path).suffixes]
+    if suffixes[-1:] == [".gz"]:
+        suffixes.pop()
+    return TRACE_FORMAT_BY_SUFFIX.get(suffixes[-1]) if suffixes else None
+
+
 class TraceSpec(Strict):
-    """Replay a recorded trace. Relative paths resolve against the profile's directory."""
+    """Replay a recorded trace. Relative paths resolve against the profile's directory.
+
+    `trace: traces/t.csv` is short for `trace: {path: traces/t.csv}`; without `format` the file name's
+    extension says it (TRACE_FORMAT_BY_SUFFIX), else JSON Lines."""
 
     path: str
-    format: Literal["csv", "jsonl", "adaserve"] = "jsonl"
+    format: TraceFormat = "jsonl"
     time_scale: Annotated[float, Field(gt=0)] = 1.0  # multiply timestamps (0.5 = twice as fast)
     # AdaServe artifact: a positive slo_ratio scales this baseline per-token latency into a TPOT SLO (a
     # negative one is an absolute TPOT in milliseconds and needs no baseline).
     baseline_tpot_s: Annotated[float, Field(gt=0)] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_alone(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            fmt = trace_format_of(data)
+            if fmt is None:
+                known = ", ".join(TRACE_FORMAT_BY_SUFFIX)
+                raise ValueError(
+                    f"the file name {data!r} does not say the trace's format ({known}, optionally .gz); "
+                    f"write trace: {{path: {data!r}, format: csv}} (or jsonl, adaserve)"
+                )
+            return {"path": data, "format": fmt}
+        if not isinstance(data, dict | TraceSpec):
+            raise ValueError("give the trace's file (trace: traces/t.csv) or a mapping {path: ..., format: csv}")
+        if isinstance(data, dict) and "format" not in data and isinstance(data.get("path"), str):
+            fmt = trace_format_of(data["path"])
+            if fmt is not None:
+                return {**data, "format": fmt}
+        return data
 
 
 class WorkloadSpec(Strict):

@@ -204,24 +204,29 @@ class _SampleIndex:
         self.buckets: dict[str, dict[float, float]] = defaultdict(lambda: defaultdict(float))
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
+                if not math.isfinite(sample.value):
+                    continue  # NaN (the exposition format's "no value") or an infinity counts nothing
                 if sample.name.endswith("_bucket") and "le" in sample.labels:
                     base = sample.name[: -len("_bucket")]
-                    self.buckets[base][float(sample.labels["le"])] += sample.value
+                    bound = float(sample.labels["le"])  # ValueError for a bound that is no number
+                    if math.isnan(bound):
+                        raise ValueError(f"{sample.name} has the bucket bound le=NaN")
+                    self.buckets[base][bound] += sample.value
                 else:
                     self.sums[sample.name] += sample.value
                     self.series[sample.name] += 1
 
     def total(self, names: tuple[str, ...]) -> float | None:
+        """The sum over label sets; None when absent or past the float range (no count to report)."""
         for name in names:
             if name in self.sums:
-                return self.sums[name]
+                return self.sums[name] if math.isfinite(self.sums[name]) else None
         return None
 
     def mean(self, names: tuple[str, ...]) -> float | None:
-        for name in names:
-            if name in self.sums:
-                return self.sums[name] / self.series[name]
-        return None
+        total = self.total(names)
+        name = next((name for name in names if name in self.sums), None)
+        return None if total is None or name is None else total / self.series[name]
 
     def histogram(self, names: tuple[str, ...]) -> Histogram | None:
         for name in names:

@@ -52,7 +52,12 @@ class LognormalSampler:
     def __init__(self, model: LognormalLength) -> None:
         if model.min > model.max:
             raise LengthModelError(f"min ({model.min}) is above max ({model.max}); swap them or widen the range")
-        self._mu = math.log(model.mean) - model.sigma**2 / 2
+        try:
+            self._mu = math.log(model.mean) - model.sigma**2 / 2
+        except OverflowError:
+            raise LengthModelError(
+                f"sigma {model.sigma:g} is too large to sample (its square overflows); give a spread below 1e150"
+            ) from None
         self._sigma = model.sigma
         self._mean = model.mean
         self._low = model.min

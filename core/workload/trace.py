@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from core.profile import ProfileError, TraceSpec
+from core.profile import MAX_TOKENS, ProfileError, TraceSpec
 from core.records import RequestSLO
 
 TIME_KEYS_S = ("timestamp_s", "arrival_s")
@@ -95,6 +95,11 @@ class _RowReader:
 
     def read(self, raw: Mapping[str, Any], where: str) -> _Row:
         arrival_s = self._arrival(raw, where) * self._spec.time_scale
+        if not math.isfinite(arrival_s):
+            raise ProfileError(
+                f"{where}: the arrival time times time_scale {self._spec.time_scale:g} is not a finite number; "
+                "fix this row's time or lower workload.trace.time_scale"
+            )
         prompt = self._length(raw, PROMPT_KEYS, "prompt length", where)
         output = self._length(raw, OUTPUT_KEYS, "output length", where)
         task_value = raw.get("task")
@@ -116,10 +121,10 @@ class _RowReader:
         for key in keys:
             if key in raw and not _is_blank(raw[key]):
                 value = _number(raw[key], key, where)
-                if value < 1 or value != math.floor(value):
+                if not 1 <= value <= MAX_TOKENS or value != math.floor(value):
                     raise ProfileError(
-                        f"{where}: '{key}' must be a whole number of tokens >= 1 (got {raw[key]!r}); "
-                        "fix or delete this row"
+                        f"{where}: '{key}' must be a whole number of tokens from 1 to {MAX_TOKENS:.0e} "
+                        f"(got {raw[key]!r}); fix or delete this row"
                     )
                 return int(value)
         raise ProfileError(f"{where}: no {what}; give {_one_of(keys)} (tokens)")
