@@ -68,7 +68,7 @@ class _RunObserver:
     def __init__(self, profile: Profile, sink: EventSink, options: RunOptions) -> None:
         self.sink = sink
         self.options = options
-        self.window = WindowedAggregator(LIVE_WINDOW_S, profile.slo, profile.smooth_goodput)
+        self.window = WindowedAggregator(LIVE_WINDOW_S, profile.slo, profile.smooth_goodput, keep_outcomes=True)
         self.finished = 0
         self.failed = 0
         self.last_time_s = 0.0
@@ -193,7 +193,8 @@ async def run_workload(
         observer.emit_progress()
     elif observer.held_sample is not None:  # the engine's last state, after the last progress event
         observer.emit_engine(observer.held_sample)
-    summary = summarize(outcome.records, slo=profile.slo, smooth=profile.smooth_goodput)
+    # The live window has judged every finished record once; the summary reuses those outcomes.
+    summary = summarize(outcome.records, slo=profile.slo, smooth=profile.smooth_goodput, judged=observer.window.judged)
     extra: dict[str, Any] = {}
     if observer.startup_energy is not None:
         extra["startup_energy"] = observer.startup_energy
