@@ -184,3 +184,41 @@ def test_the_window_judges_nothing_it_did_not_see() -> None:
     assert agg.judged(records[:-1], SLOSpec(e2e_s=9.0), SMOOTH) is None  # another SLO
     assert agg.judged(records[:-1], SLO, SMOOTH) is not None
     assert WindowedAggregator(10.0, SLO, SMOOTH).judged(records, SLO, SMOOTH) is None  # kept nothing
+
+
+def test_a_live_backends_summary_sees_records_completed_after_the_run() -> None:
+    """A live backend may complete records after they reached the observer (the gateway's settle reconciles
+    every record after the run): its summary judges the final records, not the live window's outcomes."""
+    import asyncio
+
+    from core.backends.factory import make_backend
+    from core.events import null_sink
+    from core.jobs.run import RunOptions, run_workload
+    from core.profile import load_profile
+
+    profile = load_profile("quickstart")
+
+    class SettlesLate:
+        def __init__(self, backend_kind: str) -> None:
+            self.sim = make_backend("sim", profile)
+            self.kind = backend_kind
+
+        def describe(self) -> dict:
+            return {**self.sim.describe(), "backend": self.kind}
+
+        async def run(self, plan, observer=None):  # type: ignore[no-untyped-def]
+            outcome = await self.sim.run(plan, observer)
+            for record in outcome.records[::2]:  # rejected after the fact, as a gateway's settle may
+                record.status, record.error = Status.REJECTED, "settled late"
+            return outcome
+
+    def failed(kind: str) -> tuple[int, int]:
+        """(failed in the summary, measured records rejected late)"""
+        result = asyncio.run(run_workload(profile, SettlesLate(kind), null_sink, RunOptions(requests=1000)))
+        late = sum(not r.warmup and r.status is Status.REJECTED for r in result.records)
+        return result.summary.failed, late
+
+    summary_failed, late = failed("url")
+    assert late > 40 and summary_failed == late  # judged afresh: every late rejection counts
+    summary_failed, late = failed("sim")
+    assert late > 40 and summary_failed < late  # the simulator: the window's verdicts stand (its records are final)

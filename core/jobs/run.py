@@ -65,10 +65,15 @@ class RunResult:
 class _RunObserver:
     """Turns records and engine samples into progress events with a sliding-window view."""
 
-    def __init__(self, profile: Profile, sink: EventSink, options: RunOptions) -> None:
+    def __init__(self, profile: Profile, sink: EventSink, options: RunOptions, *, final_records: bool) -> None:
         self.sink = sink
         self.options = options
-        self.window = WindowedAggregator(LIVE_WINDOW_S, profile.slo, profile.smooth_goodput, keep_outcomes=True)
+        # final_records: a record is complete when it reaches on_record (the simulator), so the window's outcomes
+        # can serve the summary. A live backend may still complete records after the run (the gateway's
+        # settle reconciles every record), so there the summary judges them afresh.
+        self.window = WindowedAggregator(
+            LIVE_WINDOW_S, profile.slo, profile.smooth_goodput, keep_outcomes=final_records
+        )
         self.finished = 0
         self.failed = 0
         self.last_time_s = 0.0
@@ -175,7 +180,7 @@ async def run_workload(
             duration_s=plan.duration_s,
         )
     )
-    observer = _RunObserver(profile, sink, options)
+    observer = _RunObserver(profile, sink, options, final_records=description.get("backend") == "sim")
     started_at = datetime.now(UTC)
     # Live servers: measure energy (NVML on a GPU, else RAPL on the CPU package) over the measurement
     # window: the load client restarts the meter when it sends its first measured request, so server
@@ -193,7 +198,7 @@ async def run_workload(
         observer.emit_progress()
     elif observer.held_sample is not None:  # the engine's last state, after the last progress event
         observer.emit_engine(observer.held_sample)
-    # The live window has judged every finished record once; the summary reuses those outcomes.
+    # The live window has judged every finished record once; the summary reuses those outcomes (simulator).
     summary = summarize(outcome.records, slo=profile.slo, smooth=profile.smooth_goodput, judged=observer.window.judged)
     extra: dict[str, Any] = {}
     if observer.startup_energy is not None:
