@@ -154,7 +154,9 @@ def run_batch(options: OperatorOptions, stdout: IO[str] | None = None) -> int:
         log.error("%s", exc)
         return ExitCode.USAGE
     try:
-        return _run_job(spec, JobContext(profile, options, sink, out_dir=job_dir), sink)
+        return _run_job(
+            spec, JobContext(profile, options, sink, out_dir=job_dir, engine_events_with_progress=True), sink
+        )
     finally:
         sink.close()
 

@@ -54,6 +54,7 @@ class JobContext:
     backend: Backend | None = None  # a backend the caller holds (the console's); None: the job builds one
     on_record: Callable[[RequestRecord], None] | None = None  # each finished request (run)
     progress_every: int | None = None  # run: a progress event per this many requests (None: the default)
+    engine_events_with_progress: bool = False  # run: engine events only beside progress events (batch)
     tuner_spec: TunerSpec | None = None  # tune: None is the profile's tuner section
     started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
@@ -106,7 +107,11 @@ async def _run(ctx: JobContext) -> RunResult:
     if backend is None:
         backend = make_backend(options.backend, ctx.profile, seed=options.seed, url=options.url, mode=options.mode)
     run_options = RunOptions(
-        seed=options.seed, requests=options.requests, duration_s=options.duration_s, on_record=ctx.on_record
+        seed=options.seed,
+        requests=options.requests,
+        duration_s=options.duration_s,
+        on_record=ctx.on_record,
+        engine_events_with_progress=ctx.engine_events_with_progress,
     )
     if ctx.progress_every is not None:
         run_options.progress_every = ctx.progress_every

@@ -198,3 +198,35 @@ def test_an_unknown_field_suggests_the_nearest_known_one(tmp_path: Path) -> None
     bad.write_text("name: typos\nworklod: {}\n")
     [line] = run_cli("--batch", "--profile", str(bad)).stderr.strip().splitlines()
     assert f"{bad}: worklod: unknown field; did you mean workload?" in line
+
+
+def test_batch_engine_events_come_at_the_progress_cadence_each_the_latest_sample() -> None:
+    """Batch (engine_events_with_progress): the engine event before each progress event is the latest engine
+    sample the full stream had by then; progress events and the summary are unchanged (docs/batch.md)."""
+    import asyncio
+
+    from core.backends.factory import make_backend
+    from core.jobs.run import RunOptions, run_workload
+    from core.profile import load_profile
+
+    def stream(with_progress: bool) -> list[dict]:
+        profile = load_profile("quickstart")
+        sink: list[dict] = []
+        options = RunOptions(requests=1000, engine_events_with_progress=with_progress)
+        asyncio.run(run_workload(profile, make_backend("sim", profile), sink.append, options))
+        return sink
+
+    full, thinned = stream(False), stream(True)
+    assert [e for e in thinned if e["event"] != "engine"] == [e for e in full if e["event"] != "engine"]
+    progress_count = sum(e["event"] == "progress" for e in full)
+    engine = [e for e in thinned if e["event"] == "engine"]
+    assert 0 < len(engine) <= progress_count + 1 < sum(e["event"] == "engine" for e in full)
+    latest = None
+    for event in full:
+        if event["event"] == "engine":
+            latest = event
+        elif event["event"] == "progress":
+            # in the thinned stream a progress event follows the latest sample, if one came since the last
+            before = thinned[thinned.index(event) - 1]
+            assert before == latest if latest is not None else before["event"] != "engine"
+            latest = None

@@ -135,19 +135,55 @@ def _chunk_pass(
         deadline = token_due_s(arrival[lo:hi][seg], before, smooth)
         max_late[lo:hi] = np.maximum.reduceat(flat_t - deadline, starts)
         first[lo:hi] = flat_t[starts]
-        if collect_itl and len(flat_t) > 1:
-            gaps = np.diff(flat_t)
-            # A gap counts only inside one request (not across the seam to the next) of an ok request.
-            keep = np.ones(len(gaps), dtype=bool)
-            keep[starts[1:] - 1] = False  # the seams: gap j joins chunk j to chunk j + 1 = the next start
-            batch_ok = ok[lo:hi]
-            if not batch_ok.all():
-                keep &= np.repeat(batch_ok, counts)[1:]
-            kept = gaps[keep]
-            itl[itl_filled : itl_filled + len(kept)] = kept
-            itl_filled += len(kept)
+        if collect_itl:
+            itl_filled = _fill_gaps(itl, itl_filled, flat_t, starts, counts, ok[lo:hi])
         lo = hi
     return first, delivered, max_late, itl
+
+
+def _fill_gaps(
+    itl: np.ndarray, filled: int, flat_t: np.ndarray, starts: np.ndarray, counts: np.ndarray, batch_ok: np.ndarray
+) -> int:
+    """Write the ITL gaps of a batch of concatenated chunk times into itl[filled:]; returns the new fill."""
+    if len(flat_t) < 2:
+        return filled
+    gaps = np.diff(flat_t)
+    # A gap counts only inside one request (not across the seam to the next) of an ok request.
+    keep = np.ones(len(gaps), dtype=bool)
+    keep[starts[1:] - 1] = False  # the seams: gap j joins chunk j to chunk j + 1 = the next start
+    if not batch_ok.all():
+        keep &= np.repeat(batch_ok, counts)[1:]
+    kept = gaps[keep]
+    itl[filled : filled + len(kept)] = kept
+    return filled + len(kept)
+
+
+def itl_gaps(records: Sequence[RequestRecord], ok: np.ndarray) -> np.ndarray:
+    """The ITL gaps `compute_outcomes(records, collect_itl=True).itl_s` gives, in the same order, without
+    judging the records again (`summarize` with outcomes the live window already computed). Only ok
+    records with two chunks or more have gaps (a record that was not streamed has one chunk)."""
+    times_list = [
+        times
+        for rec, is_ok in zip(records, ok.tolist(), strict=True)
+        if is_ok and (times := rec.chunk_times) is not None and len(times) > 1
+    ]
+    n = len(times_list)
+    counts_all = np.fromiter(map(len, times_list), dtype=np.int64, count=n)
+    itl = np.empty(int((counts_all - 1).sum()))
+    filled = 0
+    ends_all = np.cumsum(counts_all)
+    all_ok = np.ones(n, dtype=bool)
+    lo = 0
+    while lo < n:
+        base = ends_all[lo - 1] if lo else 0
+        hi = max(int(np.searchsorted(ends_all, base + _CHUNK_BATCH, side="right")), lo + 1)
+        counts = counts_all[lo:hi]
+        starts = np.zeros(hi - lo, dtype=np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        flat_t = np.concatenate(times_list[lo:hi]).astype(float, copy=False)
+        filled = _fill_gaps(itl, filled, flat_t, starts, counts, all_ok[lo:hi])
+        lo = hi
+    return itl
 
 
 def compute_outcomes(
@@ -262,6 +298,38 @@ def compute_outcomes(
         benefit=benefit,
         itl_s=itl,
     )
+
+
+def gather_outcomes(parts: Sequence[RequestOutcomes], order: np.ndarray) -> RequestOutcomes:
+    """Outcomes judged in parts, concatenated and taken in `order` (positions into the concatenation): the
+    columns `compute_outcomes` gives for the records in that order, task codes by first appearance as there.
+    No ITL gaps (`itl_gaps` gives them)."""
+    names: dict[str, int] = {}
+    codes = []
+    for part in parts:
+        to_global = np.array([names.setdefault(name, len(names)) for name in part.task_names], dtype=np.int64)
+        codes.append(to_global[part.task_code] if len(to_global) else part.task_code)
+    global_code = np.concatenate(codes)[order]
+    present, first_seen = np.unique(global_code, return_index=True)
+    by_appearance = present[np.argsort(first_seen)]
+    recode = np.empty(len(names), dtype=np.int64)
+    recode[by_appearance] = np.arange(len(by_appearance))
+    global_names = list(names)
+
+    def column(name: str) -> np.ndarray:
+        return np.concatenate([getattr(part, name) for part in parts])[order]
+
+    return RequestOutcomes(
+        **{name: column(name) for name in _PER_REQUEST_COLUMNS},
+        task_code=recode[global_code],
+        task_names=[global_names[code] for code in by_appearance],
+        itl_s=np.empty(0),
+    )
+
+
+_PER_REQUEST_COLUMNS = tuple(
+    name for name in RequestOutcomes.__slots__ if name not in ("task_code", "task_names", "itl_s")
+)
 
 
 def idle_latency_s(record: RequestRecord, smooth: SmoothGoodputSpec) -> float:

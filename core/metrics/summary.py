@@ -13,13 +13,13 @@ If T is not positive (no request, or all ended at the instant they arrived), eve
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from core.metrics.outcomes import NAN, STATUSES, RequestOutcomes, compute_outcomes
+from core.metrics.outcomes import NAN, STATUSES, RequestOutcomes, compute_outcomes, itl_gaps
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord
 
@@ -178,12 +178,21 @@ def summarize(
     slo: SLOSpec,
     smooth: SmoothGoodputSpec,
     window_s: float | None = None,
+    judged: Callable[[Sequence[RequestRecord], SLOSpec, SmoothGoodputSpec], RequestOutcomes | None] | None = None,
 ) -> Summary:
-    """Summarise a run. Warm-up records are dropped; `slo` applies to records without an SLO of their own."""
+    """Summarise a run. Warm-up records are dropped; `slo` applies to records without an SLO of their own.
+
+    `judged` (a `WindowedAggregator(keep_outcomes=True).judged`) gives the measured records' outcomes as the
+    live window already computed them (the same `compute_outcomes`, so the same numbers); None from it, or no
+    `judged`, judges them here."""
     if window_s is not None and not window_s > 0:
         raise ValueError(f"window_s must be > 0 seconds (got {window_s!r}); omit it to use the run's span")
     measured = [rec for rec in records if not rec.warmup]
-    out = compute_outcomes(measured, fallback_slo=slo, smooth=smooth, collect_itl=True)
+    out = judged(measured, slo, smooth) if judged is not None else None
+    if out is None:
+        out = compute_outcomes(measured, fallback_slo=slo, smooth=smooth, collect_itl=True)
+    else:
+        out.itl_s = itl_gaps(measured, out.ok)
     window = float(window_s) if window_s is not None else measurement_window_s(out)
 
     ok = out.ok

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
-from core.metrics.outcomes import compute_outcomes
+from core.metrics.outcomes import RequestOutcomes, compute_outcomes, gather_outcomes
 from core.metrics.summary import NAN, _json_ready, percentiles
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord
@@ -80,6 +81,7 @@ class WindowedAggregator:
         smooth: SmoothGoodputSpec,
         *,
         batch_size: int = 512,
+        keep_outcomes: bool = False,
     ) -> None:
         if not window_s > 0:
             raise ValueError(f"window_s must be > 0 seconds (got {window_s!r})")
@@ -92,6 +94,11 @@ class WindowedAggregator:
         self._newest_key = -math.inf
         self._first_arrival_s = math.inf
         self._totals = WindowTotals()
+        # keep_outcomes: every batch's outcomes and records, so that the run's summary reuses them (`judged`)
+        # instead of judging every record a second time.
+        self._keep = keep_outcomes
+        self._kept: list[RequestOutcomes] = []
+        self._kept_records: list[RequestRecord] = []
 
     def add(self, record: RequestRecord) -> None:
         if record.warmup:
@@ -110,6 +117,9 @@ class WindowedAggregator:
         if not self._pending:
             return
         out = compute_outcomes(self._pending, fallback_slo=self.slo, smooth=self.smooth, collect_itl=False)
+        if self._keep:
+            self._kept.append(out)
+            self._kept_records.extend(self._pending)
         self._pending = []
         key = np.where(np.isnan(out.end_s), out.arrival_s, out.end_s)
         columns = (
@@ -139,6 +149,25 @@ class WindowedAggregator:
             warmup_skipped=t.warmup_skipped,
         )
         self._evict(self._newest_key)
+
+    def judged(
+        self, records: Sequence[RequestRecord], slo: SLOSpec, smooth: SmoothGoodputSpec
+    ) -> RequestOutcomes | None:
+        """The outcomes of `records` (in their order, without ITL gaps) as this window judged them, or None
+        unless it kept its outcomes and judged exactly these records under the same SLO and smooth goodput."""
+        self._flush()
+        if not self._keep or not records or len(records) != len(self._kept_records):
+            return None
+        if slo != self.slo or smooth != self.smooth:
+            return None
+        position = {id(rec): i for i, rec in enumerate(self._kept_records)}
+        if len(position) != len(self._kept_records):
+            return None  # a record added twice
+        try:
+            order = np.fromiter((position[id(rec)] for rec in records), dtype=np.int64, count=len(records))
+        except KeyError:
+            return None  # a record the window never saw (e.g. cancelled at Ctrl-C)
+        return gather_outcomes(self._kept, order)
 
     def _evict(self, now_s: float) -> None:
         # Rows arrive roughly in end order; one that is out of order lingers until those before it go,
