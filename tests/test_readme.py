@@ -124,3 +124,9 @@ def test_link_checker_sees_a_broken_link(tmp_path: Path) -> None:
     page.write_text("# Title\n\n[gone](missing.md) [fine](#title) [bad anchor](#nope)\n```\n[in code](x.md)\n```\n")
     assert _links(page) == ["missing.md", "#title", "#nope"]
     assert _anchors(page) == {"title"}
+
+
+def test_readme_stays_a_manual_of_at_most_350_lines() -> None:
+    # The README is the user's manual; measurements live in docs/ (house style: <= 350 lines).
+    lines = README.read_text().count("\n")
+    assert lines <= 350, f"README.md has {lines} lines; move detail to docs/ (at most 350)"
