@@ -474,7 +474,7 @@ def test_json_is_stable_apart_from_generation_time() -> None:
 def test_json_top_level_order_and_version() -> None:
     data = json.loads(render_json(build_factsheet(sim_inputs())))
     assert list(data)[:5] == ["schema", "schema_version", "title", "job", "verdict"]
-    assert data["schema"] == "slo-console-factsheet" and data["schema_version"] == "1.1"
+    assert data["schema"] == "slo-console-factsheet" and data["schema_version"] == "1.2"
     assert data["job"] == "run" and data["tuning"] is None
 
 

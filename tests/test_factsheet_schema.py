@@ -31,7 +31,7 @@ def test_committed_schema_is_the_generated_one() -> None:
 def test_schema_is_versioned() -> None:
     schema = factsheet_json_schema()
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["properties"]["schema_version"]["const"] == "1.1"
+    assert schema["properties"]["schema_version"]["const"] == "1.2"
 
 
 @pytest.mark.parametrize(

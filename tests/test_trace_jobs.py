@@ -67,6 +67,22 @@ def test_a_batch_run_says_how_many_trace_rows_ran_of_how_many(tmp_path: Path) ->
     assert "trace rows 990 of 1400" in cut.stderr
 
 
+def test_the_factsheet_says_a_trace_ran_whole_or_the_count_it_was_cut_to(tmp_path: Path) -> None:
+    # The workload section once read "Requests: 1000" (the profile's default) for a trace replayed whole.
+    trace = tmp_path / "traffic.csv"
+    generate_operator_trace(1200, rate_rps=20.0, cv=4.0).write(trace)
+    profile = write_profile(tmp_path, trace)
+    for extra, limit, text in (
+        ((), None, "Requests: no count limit (the whole trace)"),
+        (("--requests", "300"), 300, "Requests: 300;"),
+    ):
+        out = tmp_path / f"out-{limit}"
+        result = run_cli("--profile", str(profile), "--out", str(out), *extra)
+        assert result.returncode == 0, result.stderr
+        assert json.loads((out / "factsheet.json").read_text())["workload"]["requests"] == limit
+        assert text in (out / "factsheet.md").read_text()
+
+
 @pytest.mark.parametrize(
     "content", [b"timestamp_s,input_tokens,output_tokens\n0,5,5\x00\xff\xfe\n", b"\x1f\x8b\x08\x00"]
 )

@@ -42,6 +42,7 @@ from core.factsheet.sustainability import sustainability_section
 from core.jobs.options import JobName
 from core.metrics.verdict import SloVerdict, slo_verdict
 from core.profile import DEFAULT_MODE, KnobsSpec, Profile, SchedulingMode, SLOSpec, profile_hash, profile_source
+from core.workload.plan import request_limit
 
 SIMULATOR_BACKENDS = {"sim", "simulator"}
 
@@ -205,7 +206,9 @@ def _workload(profile: Profile) -> WorkloadSection:
         arrival=None if workload.arrival is None else workload.arrival.model_dump(mode="json"),
         trace=None if workload.trace is None else workload.trace.model_dump(mode="json"),
         tasks=tasks,
-        requests=workload.requests,
+        # The count the run was limited to (None: no count limit, as for a whole trace): the workload module's
+        # rule, so a trace's 3,000 rows do not read as the `requests` default of 1,000.
+        requests=request_limit(profile, None, workload.duration_s),
         duration_s=workload.duration_s,
         warmup_requests=workload.warmup_requests,
         warmup_s=workload.warmup_s,

@@ -21,7 +21,9 @@ from core.jobs.options import JobName
 from core.metrics.verdict import VerdictState
 from core.profile.scheduling_mode import SchedulingMode
 
-SCHEMA_VERSION = "1.1"  # 1.1: job, verdict, the compare/capacity/calibration sections, tuning spread
+# 1.1: job, verdict, the compare/capacity/calibration sections, tuning spread;
+# 1.2: workload.requests is null when no count limit applies (a trace replayed whole).
+SCHEMA_VERSION = "1.2"
 
 FigureBasis = Literal["measured", "modelled", "estimated", "unavailable"]
 # Scalars that may appear in free-form maps (knobs, software versions, extra metrics).
@@ -108,7 +110,9 @@ class WorkloadSection(Section):
     arrival: dict[str, Any] | None = Field(description="Arrival process and its parameters (rate_rps, ...)")
     trace: dict[str, Any] | None = None
     tasks: list[TaskInfo]
-    requests: int
+    requests: int | None = Field(
+        description="The request-count limit of the run; null: none (a whole trace, or a run bound by its duration)"
+    )
     duration_s: float | None
     warmup_requests: int
     warmup_s: float
@@ -385,7 +389,7 @@ class Provenance(Section):
 
 class Factsheet(Section):
     schema_name: Literal["slo-console-factsheet"] = Field(default="slo-console-factsheet", alias="schema")
-    schema_version: Literal["1.1"] = SCHEMA_VERSION
+    schema_version: Literal["1.2"] = SCHEMA_VERSION
     title: str
     job: JobName = Field(default="run", description="The job that wrote this factsheet")
     verdict: Verdict

@@ -8,7 +8,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.factsheet.model import Factsheet, Figure, LatencyStats, SLOTargets, Spread, TuningPoint, Verdict
+from core.factsheet.model import (
+    Factsheet,
+    Figure,
+    LatencyStats,
+    SLOTargets,
+    Spread,
+    TuningPoint,
+    Verdict,
+    WorkloadSection,
+)
 
 JSON_NAME = "factsheet.json"
 MARKDOWN_NAME = "factsheet.md"
@@ -211,6 +220,12 @@ def _configuration(f: Factsheet) -> list[str]:
     ]
 
 
+def _request_limit_text(workload: WorkloadSection) -> str:
+    if workload.requests is not None:
+        return str(workload.requests)
+    return "no count limit (the whole trace)" if workload.source == "trace" else "no count limit"
+
+
 def _workload(f: Factsheet) -> list[str]:
     workload = f.workload
     if workload is None:
@@ -225,7 +240,7 @@ def _workload(f: Factsheet) -> list[str]:
         "",
         f"- Profile: {workload.profile}" + (f": {workload.description}" if workload.description else ""),
         f"- Arrivals: {arrival_text}",
-        f"- Requests: {workload.requests}; duration limit: "
+        f"- Requests: {_request_limit_text(workload)}; duration limit: "
         f"{'none' if workload.duration_s is None else _num(workload.duration_s, 's')}; "
         f"warm-up excluded: {workload.warmup_requests} requests, {_num(workload.warmup_s, 's')}",
         f"- Default SLO: {_slo_text(workload.slo)}",
@@ -442,6 +457,18 @@ def _verdict_cell(verdict: Verdict) -> str:
     return f"met, {-margin:.0%} to spare"
 
 
+# The capacity job's per-mode keys beyond the fixed columns (core/capacity.py), as a reader names them.
+CAPACITY_LABELS = {
+    "scale": "× the profile's rate",
+    "base_rate_rps": "Profile's rate (req/s)",
+    "arrival_source": "Arrivals",
+}
+
+
+def _capacity_label(key: str) -> str:
+    return CAPACITY_LABELS.get(key, key)
+
+
 def _capacity(f: Factsheet) -> list[str]:
     capacity = f.capacity
     if capacity is None:
@@ -462,7 +489,7 @@ def _capacity(f: Factsheet) -> list[str]:
         ),
         "",
         *_table(
-            ["Mode", "Capacity", "Per replica", "Replicas", f"× {baseline}", "Probes", *extra],
+            ["Mode", "Capacity", "Per replica", "Replicas", f"× {baseline}", "Probes", *map(_capacity_label, extra)],
             [
                 [
                     row.mode,

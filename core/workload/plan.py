@@ -84,8 +84,8 @@ def resolve_tasks(profile: Profile) -> list[ResolvedTask]:
     return resolved
 
 
-def _max_requests(profile: Profile, requests: int | None, duration_s: float | None) -> int | None:
-    """How many requests to send at most.
+def request_limit(profile: Profile, requests: int | None, duration_s: float | None) -> int | None:
+    """How many requests to send at most (the one definition: the load plan and the factsheet use it).
 
     An explicit count wins (argument, then the profile). A profile that sets only a duration is
     time-bound, and a trace is as long as its file, so the `requests` default must not silently cut either
@@ -205,7 +205,7 @@ def build_load_plan(
     window_s = duration_s if duration_s is not None else workload.duration_s
     rng = np.random.default_rng(seed if seed is not None else profile.seed)
     tasks = resolve_tasks(profile)
-    limit = _max_requests(profile, requests, window_s)
+    limit = request_limit(profile, requests, window_s)
 
     if workload.trace is not None:
         trace = load_trace(workload.trace, resolve_relative(profile, workload.trace.path))
