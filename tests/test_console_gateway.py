@@ -18,9 +18,9 @@ from core.controller_api import Policy
 from core.gateway.server import Gateway
 from core.profile import KnobsSpec
 from core.tune.online_gateway import attach_online_tuner
-from tests.fakeserver import FakeLaunchedReplicas, FakeOpenAIServer, StreamReply
+from tests.fakeserver import FakeOpenAIServer, StreamReply
 from tests.test_console import SIZE, tile, wait_until
-from tests.test_gateway_tune_endpoints import QUICK, quick_profile, serve_until_steps
+from tests.test_gateway_tune_endpoints import QUICK, launch_gateway, quick_profile, serve_until_steps
 
 
 def _text(widget: Static) -> str:
@@ -68,26 +68,20 @@ async def test_the_tuner_tab_shows_the_gateways_online_steps_as_they_happen() ->
 
 
 async def test_restart_with_edited_knobs_is_a_replica_swap_at_a_launch_gateway() -> None:
-    profile = quick_profile()
-    replicas = FakeLaunchedReplicas(profile)
-    first = await replicas.start_first()
-    try:
-        async with Gateway([first], Policy()) as gateway:
-            replicas.answer_swaps(gateway)
-            app = create_app("quickstart", backend="url", url=gateway.base_url, autostart=False)
-            async with app.run_test(size=SIZE, notifications=True) as pilot:
-                await wait_until(pilot, lambda: app.state.gateway is not None)
-                assert app.state.gateway is not None and app.state.gateway.replica_swap
-                assert not app.state.gateway.online_tune
-                knobs = app.state.profile.knobs.model_copy(update={"max_num_seqs": 12})
-                app.process.action("restart", knobs)
-                await wait_until(pilot, lambda: app.state.profile.knobs.max_num_seqs == 12)
-                assert replicas.swaps == 1 and [k.max_num_seqs for k in replicas.started] == [8, 12]
-                assert [u.retired for u in gateway.upstreams] == [True, False]
-                assert any("now serves with" in n.message for n in app._notifications)
-                await app.shutdown()
-    finally:
-        await replicas.close()
+    async with launch_gateway(quick_profile()) as (replicas, gateway):
+        replicas.answer_swaps(gateway)
+        app = create_app("quickstart", backend="url", url=gateway.base_url, autostart=False)
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            await wait_until(pilot, lambda: app.state.gateway is not None)
+            assert app.state.gateway is not None and app.state.gateway.replica_swap
+            assert not app.state.gateway.online_tune
+            knobs = app.state.profile.knobs.model_copy(update={"max_num_seqs": 12})
+            app.process.action("restart", knobs)
+            await wait_until(pilot, lambda: app.state.profile.knobs.max_num_seqs == 12)
+            assert replicas.swaps == 1 and [k.max_num_seqs for k in replicas.started] == [8, 12]
+            assert [u.retired for u in gateway.upstreams] == [True, False]
+            assert any("now serves with" in n.message for n in app._notifications)
+            await app.shutdown()
 
 
 def test_a_plain_server_is_not_taken_for_a_gateway() -> None:

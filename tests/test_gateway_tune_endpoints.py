@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -35,6 +37,18 @@ def quick_profile():  # type: ignore[no-untyped-def]
     )
     knobs = profile.knobs.model_copy(update={"concurrency": 4, "max_num_seqs": 8})
     return profile.model_copy(update={"tuner": tuner, "knobs": knobs})
+
+
+@asynccontextmanager
+async def launch_gateway(profile: Any) -> AsyncIterator[tuple[FakeLaunchedReplicas, Gateway]]:
+    """A gateway in front of the one server `--launch` would start (a scripted one), stopped after."""
+    replicas = FakeLaunchedReplicas(profile)
+    first = await replicas.start_first()
+    try:
+        async with Gateway([first], Policy()) as gateway:
+            yield replicas, gateway
+    finally:
+        await replicas.close()
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:
@@ -115,30 +129,24 @@ def test_gateway_tune_lists_the_online_steps_from_an_index_on() -> None:
 
 def test_gateway_swap_replaces_the_launched_server_and_refuses_bad_knobs() -> None:
     async def scenario() -> None:
-        profile = quick_profile()
-        replicas = FakeLaunchedReplicas(profile)
-        first = await replicas.start_first()
-        try:
-            async with Gateway([first], Policy()) as gateway, aiohttp.ClientSession() as session:
-                replicas.answer_swaps(gateway)
-                status, stats = await get_json(session, gateway.base_url + "/gateway/stats")
-                assert stats["replica_swap"] is True
-                url = gateway.base_url + "/gateway/swap"
-                status, body = await post_json(session, url, {"max_num_seqs": 0})
-                assert status == 400 and "max_num_seqs" in body["error"]["message"]
-                status, body = await post_json(session, url, {"max_num_seqs": 8})  # in force already: no swap
-                assert status == 200 and replicas.swaps == 0 and len(replicas.started) == 1
-                status, body = await post_json(session, url, {"max_num_seqs": 12})
-                assert status == 200 and body["knobs"]["max_num_seqs"] == 12
-                assert replicas.swaps == 1 and [k.max_num_seqs for k in replicas.started] == [8, 12]
-                old, new = gateway.upstreams
-                assert old.retired and not new.retired and [u.url for u in gateway.routable] == [new.url]
-                assert (await post(session, gateway.base_url, completion()))[0] == 200
-                assert new.served == 1
-                status, body = await post_json(session, url, [])
-                assert status == 400
-        finally:
-            await replicas.close()
+        async with launch_gateway(quick_profile()) as (replicas, gateway), aiohttp.ClientSession() as session:
+            replicas.answer_swaps(gateway)
+            status, stats = await get_json(session, gateway.base_url + "/gateway/stats")
+            assert stats["replica_swap"] is True
+            url = gateway.base_url + "/gateway/swap"
+            status, body = await post_json(session, url, {"max_num_seqs": 0})
+            assert status == 400 and "max_num_seqs" in body["error"]["message"]
+            status, body = await post_json(session, url, {"max_num_seqs": 8})  # in force already: no swap
+            assert status == 200 and replicas.swaps == 0 and len(replicas.started) == 1
+            status, body = await post_json(session, url, {"max_num_seqs": 12})
+            assert status == 200 and body["knobs"]["max_num_seqs"] == 12
+            assert replicas.swaps == 1 and [k.max_num_seqs for k in replicas.started] == [8, 12]
+            old, new = gateway.upstreams
+            assert old.retired and not new.retired and [u.url for u in gateway.routable] == [new.url]
+            assert (await post(session, gateway.base_url, completion()))[0] == 200
+            assert new.served == 1
+            status, body = await post_json(session, url, [])
+            assert status == 400
 
     asyncio.run(scenario())
 
@@ -146,21 +154,16 @@ def test_gateway_swap_replaces_the_launched_server_and_refuses_bad_knobs() -> No
 def test_an_operator_swap_while_tuning_becomes_the_incumbent_within_the_tuners_range() -> None:
     async def scenario() -> None:
         profile = quick_profile()
-        replicas = FakeLaunchedReplicas(profile)
-        first = await replicas.start_first()
-        try:
-            async with Gateway([first], Policy()) as gateway, aiohttp.ClientSession() as session:
-                tuning = attach_online_tuner(gateway, profile, settings=QUICK, replicas=replicas)
-                url = gateway.base_url + "/gateway/swap"
-                status, body = await post_json(session, url, {"max_num_seqs": 64})
-                assert status == 400 and "4..16" in body["error"]["message"] and replicas.swaps == 0
-                status, body = await post_json(session, url, {"max_num_seqs": 16})
-                assert status == 200 and body["knobs"]["max_num_seqs"] == 16 and replicas.swaps == 1
-                assert tuning.tuner.incumbent.max_num_seqs == 16 == tuning.tuner.current.max_num_seqs
-                _, feed = await get_json(session, gateway.base_url + "/gateway/tune")
-                assert feed["knobs"]["max_num_seqs"] == 16 and feed["swapping"] is False
-                await tuning.stop()
-        finally:
-            await replicas.close()
+        async with launch_gateway(profile) as (replicas, gateway), aiohttp.ClientSession() as session:
+            tuning = attach_online_tuner(gateway, profile, settings=QUICK, replicas=replicas)
+            url = gateway.base_url + "/gateway/swap"
+            status, body = await post_json(session, url, {"max_num_seqs": 64})
+            assert status == 400 and "4..16" in body["error"]["message"] and replicas.swaps == 0
+            status, body = await post_json(session, url, {"max_num_seqs": 16})
+            assert status == 200 and body["knobs"]["max_num_seqs"] == 16 and replicas.swaps == 1
+            assert tuning.tuner.incumbent.max_num_seqs == 16 == tuning.tuner.current.max_num_seqs
+            _, feed = await get_json(session, gateway.base_url + "/gateway/tune")
+            assert feed["knobs"]["max_num_seqs"] == 16 and feed["swapping"] is False
+            await tuning.stop()
 
     asyncio.run(scenario())
