@@ -26,6 +26,7 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Button, TabbedContent
 
+from console.app_gateway import GatewayController
 from console.app_modes import ModesController
 from console.app_process import ProcessController
 from console.app_run import RunController
@@ -101,6 +102,7 @@ class SloConsoleApp(App[int]):
         self.process = ProcessController(self)
         self.modes = ModesController(self)
         self.tuner = TunerController(self)
+        self.gateway = GatewayController(self)
         self.redraws = 0  # counted so a test can see that a burst of events coalesces
         self._last_redraw = 0.0
         self._redraw_pending = False
@@ -118,6 +120,7 @@ class SloConsoleApp(App[int]):
         self.process.show_facts()
         if config.backend == "vllm":
             self.set_interval(LOG_POLL_S, self.process.poll)
+        self.gateway.probe()
         if config.autostart:
             self.runs.start()
 
@@ -188,6 +191,9 @@ class SloConsoleApp(App[int]):
 
     def action_tune(self) -> None:
         self.action_show_tab("tuner")
+        if self.state.gateway is not None and self.state.gateway.online_tune:
+            self.notify("The gateway tunes online; this tab shows its steps.", title="Tuner not started")
+            return
         self.tuner.start()
 
     def action_compare(self) -> None:

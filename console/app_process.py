@@ -72,6 +72,18 @@ class ProcessController:
     async def _poll(self) -> None:
         server = getattr(self.state.backend, "server", None)
         process = getattr(server, "process", None)
+        gateway = self.state.gateway
+        if process is None and gateway is not None:
+            with contextlib.suppress(RuntimeError, NoMatches):
+                view = self._view()
+                view.show_state("ready", f"a {gateway.describe()} fronts the server")
+                restart = "swaps the server" if gateway.replica_swap else "cannot swap the server (no --launch)"
+                view.show_command(
+                    f"A {gateway.describe()} fronts the server.\n"
+                    f"knobs in force: {knobs_text(self.state.session.knobs, short=False)}\n"
+                    f"'Restart with these knobs' asks the gateway for a replica swap: it {restart}."
+                )
+            return
         if process is None:
             with contextlib.suppress(RuntimeError, NoMatches):
                 view = self._view()
@@ -87,7 +99,11 @@ class ProcessController:
             view.show_log(lines)
 
     def action(self, action: str, knobs: KnobsSpec | None = None) -> None:
-        """A lifecycle button: start, stop or restart (restart and start with the edited knobs)."""
+        """A lifecycle button: start, stop or restart (restart and start with the edited knobs). Behind an
+        admission gateway a restart is the gateway's replica swap (console/app_gateway.py)."""
+        if self.state.gateway is not None and action == "restart" and knobs is not None:
+            self.app.gateway.swap(knobs)
+            return
         if not self.state.live:
             if action == "restart":
                 self.app.runs.start(knobs)

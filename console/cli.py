@@ -138,7 +138,7 @@ def gateway_main(argv: list[str]) -> int:
         parser.error("give either --upstream URL (repeatable) or --launch")
     launched: dict[str, Any] = {}
     try:
-        attach = _online_tuning(args.max_queue, args.tune_window, launched) if args.tune else None
+        attach = _online_tuning(args.max_queue, args.tune_window, launched) if args.tune else _answer_swaps(launched)
     except ValueError as exc:
         parser.error(f"--tune-window: {exc}")
     from core.gateway.standalone import GatewayArgs, run_gateway
@@ -177,6 +177,20 @@ def _launcher(launched: dict[str, Any]):  # type: ignore[no-untyped-def]
         return [url], replicas.close
 
     return launch
+
+
+def _answer_swaps(launched: dict[str, Any]):  # type: ignore[no-untyped-def]
+    """Without --tune: POST /gateway/swap swaps the servers --launch started (a 409 without --launch)."""
+
+    async def detach() -> None:
+        return None
+
+    def attach(gateway, profile):  # type: ignore[no-untyped-def]
+        if "replicas" in launched:
+            launched["replicas"].answer_swaps(gateway)
+        return detach
+
+    return attach
 
 
 def _online_tuning(max_queue: int | None, window: list[float] | None, launched: dict[str, Any]):  # type: ignore[no-untyped-def]

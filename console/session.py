@@ -87,6 +87,10 @@ class TuneState:
     last_wall_s: float | None = None
     slo_s: float | None = None
     algorithm: str | None = None
+    # Who runs the tune: None, this console; "online (gateway)", a gateway tuning online on its traffic,
+    # whose steps the console only shows (console/app_gateway.py), with its latest state in `online`.
+    source: str | None = None
+    online: dict[str, Any] | None = None
 
     def reset(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -168,6 +172,7 @@ class Session:
     # How the last run drafted tokens (core/compare.speculation_of), for its row in the Modes tab: the
     # summary event does not say, and AdaServe drafts where the knobs turn speculation off.
     speculation: str | None = None
+    gateway: str | None = None  # what fronts the server at --url, when it is an admission gateway
 
     SERIES = (*WINDOW_SERIES, *ENGINE_SERIES)
 

@@ -22,6 +22,7 @@ from core.profile import Profile
 
 if TYPE_CHECKING:
     from console.app import ConsoleConfig
+    from console.app_gateway import GatewayFacts
 
 
 @dataclass
@@ -47,6 +48,8 @@ class ConsoleState:
     last_job: tuple[JobName, Any] | None = None
     last_export: tuple[Path, Path] | None = None  # factsheet.json and .md of the last export
     closed: bool = False  # the console shut down its run and backend (quit)
+    # --backend url pointed at an admission gateway (console/app_gateway.py): what it said it can do.
+    gateway: GatewayFacts | None = None
 
     @classmethod
     def from_config(cls, config: ConsoleConfig) -> ConsoleState:

@@ -59,3 +59,14 @@ def to_json_line(event: Event) -> str:
 
 def null_sink(event: Event) -> None:
     """A sink that drops events (for library use without a listener)."""
+
+
+TUNE_STEP = "tune_step"  # one decision of a tuner (batch: core/tune/hillclimb.py; online: core/tune/online.py)
+
+
+def online_tune_feed(steps: list[Event], since: int, **state: Any) -> Event:
+    """The online tuner's state over HTTP (GET /gateway/tune?since=N, core/gateway/server.py): `state` (the
+    incumbent, the point and knobs in force), its `tune_step` events from index `since` on, and `next`, the
+    index to ask from next time; the console's Tuner tab reads it (console/app_gateway.py)."""
+    since = min(max(0, since), len(steps))
+    return {"event": "online_tune", **_clean(state), "since": since, "next": len(steps), "steps": steps[since:]}

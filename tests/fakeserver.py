@@ -3,6 +3,7 @@
 It speaks just enough HTTP/1.1 (one request per connection, chunked SSE responses) to let tests script
 what the real vLLM does (chunk shapes copied from vLLM 0.32's CPU build) and what it does when things go
 wrong: malformed JSON, a dropped connection mid-stream, a hang, an HTTP error, a server that dies.
+`FakeLaunchedReplicas` is a `--launch` gateway's servers made of these (replica swaps without vLLM).
 It proves nothing about vLLM itself; the live path's integration tests use the real server.
 """
 
@@ -15,6 +16,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from core.backends.launched_replicas import LaunchedReplicas
+from core.profile import KnobsSpec, Profile
 
 
 @dataclass
@@ -249,3 +253,31 @@ async def _send(writer: asyncio.StreamWriter, status: int, body: bytes, content_
 
 async def _send_json(writer: asyncio.StreamWriter, status: int, payload: Any) -> None:
     await _send(writer, status, json.dumps(payload).encode(), "application/json")
+
+
+class _FakeVllm:
+    """What `LaunchedReplicas` keeps of a server it started: its URL and a blocking stop (run in a thread)."""
+
+    def __init__(self, fake: FakeOpenAIServer, loop: asyncio.AbstractEventLoop) -> None:
+        self.fake, self.loop = fake, loop
+
+    @property
+    def base_url(self) -> str:
+        return self.fake.base_url
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.fake.kill(), self.loop).result(timeout=10)
+
+
+class FakeLaunchedReplicas(LaunchedReplicas):
+    """`slo-console gateway --launch`'s servers, each a scripted server: `started` lists each one's knobs."""
+
+    def __init__(self, profile: Profile, reply: Reply | ReplyFor | None = None) -> None:
+        super().__init__(profile)
+        self.reply = reply or StreamReply(first_delay_s=0.01, chunk_delay_s=0.005)
+        self.started: list[KnobsSpec] = []
+
+    async def _start(self, knobs: KnobsSpec) -> Any:
+        fake = await FakeOpenAIServer(self.reply).__aenter__()
+        self.started.append(knobs)
+        return _FakeVllm(fake, asyncio.get_running_loop())

@@ -24,6 +24,8 @@ class StatusBar(Static):
         pace = ""
         if session.is_simulator:
             pace = " · unpaced" if session.speed is None else f" · {session.speed:g}× speed"
+        if session.gateway is not None:
+            backend += " behind a gateway"
         style = RUN_STATE_STYLE.get(session.run_state, "white")
         self.update(
             f"[b]{session.profile_name}[/b] · {backend}{pace} · mode [b]{session.mode}[/b] · "

@@ -1,4 +1,5 @@
-"""The tuner tab: the SLO-Tuner's trajectory as it happens, baseline vs best so far, budget used and left."""
+"""The tuner tab: the SLO-Tuner's trajectory as it happens, baseline vs best so far, budget used and left.
+Behind a gateway that tunes online (console/app_gateway.py) it shows that tuner's steps, marked as such."""
 
 from __future__ import annotations
 
@@ -25,6 +26,9 @@ COLUMNS = (
     ("moved", "moved"),
     ("why", "why"),
 )
+
+
+TRAJECTORY_TITLE = "trajectory (one row per measured step; press t to start the tuner)"
 
 
 def _point_text(point: dict[str, Any] | None) -> str:
@@ -56,7 +60,7 @@ class TunerView(Vertical):
         table = self.query_one("#trajectory", DataTable)
         for label, key in COLUMNS:
             table.add_column(label, key=key)
-        table.border_title = "trajectory (one row per measured step; press t to start the tuner)"
+        table.border_title = TRAJECTORY_TITLE
         self.query_one("#box-tune-p99").border_title = "p99 per step, s · red line: SLO"
         self.query_one("#box-tune-goodput").border_title = "goodput (green), req/s · score (blue) per step"
         self._rows = 0
@@ -78,6 +82,11 @@ class TunerView(Vertical):
         detail = session.backend_kind
         if tune.active and not tune.steps and tune.algorithm == "guided":
             detail = "sweeping the simulator first"  # core/tune/guided.py: no target segment before it ends
+        if tune.source is not None:  # a gateway runs this tune; the console shows its steps
+            state, detail = tune.source, self._online_detail(tune.online)
+            table.border_title = f"{tune.source}: the gateway's steps as it tunes on its traffic; not this console's"
+        else:
+            table.border_title = TRAJECTORY_TITLE
         self.query_one("#tune-state", KpiTile).show(state, detail)
         baseline, best = tune.baseline, tune.best
         self.query_one("#tune-baseline", KpiTile).show(
@@ -110,6 +119,13 @@ class TunerView(Vertical):
             f"SLO: p99 ≤ {num(slo, 2)} s"
         )
         self._plots(session, slo)
+
+    @staticmethod
+    def _online_detail(online: dict[str, Any] | None) -> str:
+        if not online:
+            return "waiting for the gateway"
+        swapping = " · swapping the server" if online.get("swapping") else ""
+        return f"in force {knobs_text(online.get('knobs'))}{swapping}"
 
     @staticmethod
     def _cells(step: dict[str, Any], slo: float | None) -> list[Any]:

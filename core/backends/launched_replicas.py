@@ -8,6 +8,9 @@ route new requests to it (`AdmissionController.add_upstream`), stop routing to t
 at the old replica ends there, a held one is released to the new one, and the gateway's account closes
 throughout. Each server runs in its own process group under the supervisor (core/serve/supervise.py), so
 a gateway killed by SIGKILL leaves no vLLM behind.
+
+The same swap answers an operator's POST /gateway/swap (`swap_knobs`, e.g. the console's "restart with these
+knobs" when this gateway fronts the server); one swap runs at a time.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ import asyncio
 import time
 from typing import Any
 
+from pydantic import ValidationError
+
 from core.events import EventSink, make_event
 from core.gateway.admission import AdmissionController
-from core.profile import KnobsSpec, Profile
+from core.gateway.server import Gateway, SwapRefused
+from core.profile import KnobsSpec, Profile, ProfileError
 from core.serve.vllm_server import VllmServer
 
 DRAIN_POLL_S = 0.05
@@ -42,6 +48,7 @@ class LaunchedReplicas:
         self.servers: dict[int, VllmServer] = {}
         self.knobs: dict[int, KnobsSpec] = {}
         self.swaps = 0
+        self.swapping = False  # a swap is under way (the tuner's or an operator's): no second one starts
 
     async def _start(self, knobs: KnobsSpec) -> VllmServer:
         server = VllmServer(self.profile.server, knobs, python=self.python)
@@ -64,8 +71,44 @@ class LaunchedReplicas:
     def current_knobs(self, gateway: AdmissionController) -> KnobsSpec:
         return self.knobs[gateway.routable[0].index]
 
+    def edited_knobs(self, gateway: AdmissionController, update: dict[str, Any]) -> KnobsSpec:
+        """The knobs in force with `update` ({"max_num_seqs": 8, ...}) applied; ProfileError (one line) if invalid."""
+        try:
+            return KnobsSpec.model_validate({**self.current_knobs(gateway).model_dump(), **update})
+        except ValidationError as exc:
+            problem = exc.errors()[0]
+            field = ".".join(str(part) for part in problem["loc"]) or "knobs"
+            fix = 'post valid knobs, e.g. {"max_num_seqs": 8}'
+            raise ProfileError(f"knob {field}: {problem['msg']}; {fix}") from None
+
+    def answer_swaps(self, gateway: Gateway) -> None:
+        """Let POST /gateway/swap on `gateway` swap these servers (with --tune the online tuner answers it
+        instead: core/tune/online_gateway.py)."""
+
+        async def swap(update: dict[str, Any]) -> dict[str, Any]:
+            return await self.swap_knobs(gateway, self.edited_knobs(gateway, update))
+
+        gateway.replica_swap = swap
+
+    async def swap_knobs(self, gateway: AdmissionController, knobs: KnobsSpec) -> dict[str, Any]:
+        """An operator's swap (POST /gateway/swap): to `knobs` unless those are in force already (a server flag
+        differs; `concurrency` is the gateway's cap, no flag). Returns the knobs in force after it."""
+        if self.swapping:
+            raise SwapRefused("a replica swap is under way; ask again when it is done")
+        current = self.current_knobs(gateway)
+        if current.model_dump(exclude={"concurrency"}) != knobs.model_dump(exclude={"concurrency"}):
+            await self.swap(gateway, knobs)
+        return self.current_knobs(gateway).model_dump()
+
     async def swap(self, gateway: AdmissionController, knobs: KnobsSpec) -> None:
         """Replace the routable replica with one started with `knobs`; returns once the old one has stopped."""
+        self.swapping = True
+        try:
+            await self._swap(gateway, knobs)
+        finally:
+            self.swapping = False
+
+    async def _swap(self, gateway: AdmissionController, knobs: KnobsSpec) -> None:
         began = time.perf_counter()
         old = gateway.routable[0].index
         server = await self._start(knobs)

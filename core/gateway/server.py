@@ -8,8 +8,9 @@ Clients post /v1/completions or /v1/chat/completions here instead of to vLLM. Ea
   embedded run ends) is answered 503 `deferred`;
 - reject: answered 429 with the reason.
 Every request ends in exactly one counter: completed, rejected, deferred or failed; GET /gateway/stats shows
-them, POST /gateway/policy swaps the mode without touching the upstream servers, and every other path
-(/v1/models, /health, /metrics, ...) is proxied to the first upstream.
+them, POST /gateway/policy swaps the mode without touching the upstream servers, GET /gateway/tune shows the
+online tuner's steps (with --tune), POST /gateway/swap replaces the server with one started with other flags
+(with --launch), and every other path (/v1/models, /health, /metrics, ...) is proxied to the first upstream.
 
 HTTP is aiohttp's (server and client); nothing here parses HTTP by hand.
 """
@@ -19,14 +20,15 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
+from core.backend_api import BackendUnavailable
 from core.controller_api import ControlledRequest, Policy
-from core.events import EventSink
+from core.events import Event, EventSink
 from core.gateway.admission import AdmissionController, PolicyFactory
 from core.gateway.protocol import (
     ERROR_DEFERRED,
@@ -50,6 +52,17 @@ COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 class GatewayError(RuntimeError):
     """The gateway cannot start (address in use, no upstream). The message is one line naming the fix."""
+
+
+class SwapRefused(RuntimeError):
+    """A replica swap cannot run now (another is under way). The message is one line."""
+
+
+# Set by what sits above the gateway (core/tune/online_gateway.py, core/backends/launched_replicas.py):
+TuneFeed = Callable[[int], Event]  # GET /gateway/tune?since=N: the online tuner's core.events.online_tune_feed
+# POST /gateway/swap: start a server with these knobs changed, route to it, drain and stop the old one; returns
+# the knobs in force. Raises ProfileError (bad knobs), SwapRefused, or BackendUnavailable (it did not start).
+ReplicaSwap = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class Gateway(AdmissionController):
@@ -87,6 +100,8 @@ class Gateway(AdmissionController):
         self._runner: web.AppRunner | None = None
         self._client: UpstreamClient | None = None
         self.loop: asyncio.AbstractEventLoop | None = None  # the loop it serves on (set by start)
+        self.tune_feed: TuneFeed | None = None  # set while an online tuner runs (--tune)
+        self.replica_swap: ReplicaSwap | None = None  # set when the gateway launched its servers (--launch)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -102,6 +117,8 @@ class Gateway(AdmissionController):
         app.router.add_get("/gateway/stats", self._stats_endpoint)
         app.router.add_get("/gateway/policy", self._policy_get)
         app.router.add_post("/gateway/policy", self._policy_post)
+        app.router.add_get("/gateway/tune", self._tune_get)
+        app.router.add_post("/gateway/swap", self._swap_post)
         for path in COMPLETION_PATHS:
             app.router.add_post(path, self._completion)
         app.router.add_route("*", "/{tail:.*}", self._proxy)
@@ -267,7 +284,41 @@ class Gateway(AdmissionController):
     # ------------------------------------------------------------------ HTTP: control and proxy
 
     async def _stats_endpoint(self, _: web.Request) -> web.Response:
-        return web.json_response(self.snapshot())
+        # What a client may ask of this gateway besides: its online tuner's steps, a replica swap.
+        can = {"online_tune": self.tune_feed is not None, "replica_swap": self.replica_swap is not None}
+        return web.json_response({**self.snapshot(), **can})
+
+    async def _tune_get(self, http_request: web.Request) -> web.Response:
+        if self.tune_feed is None:
+            message = "this gateway is not tuning online; start it with --tune"
+            return web.json_response(error_body(ERROR_INVALID, message, 404), status=404)
+        try:
+            since = int(http_request.query.get("since", "0"))
+        except ValueError:
+            message = "since must be a step index (0, 1, ...)"
+            return web.json_response(error_body(ERROR_INVALID, message, 400), status=400)
+        return web.json_response(self.tune_feed(since))
+
+    async def _swap_post(self, http_request: web.Request) -> web.Response:
+        if self.replica_swap is None:
+            message = "this gateway did not launch its server (--launch), so it cannot swap it; restart it yourself"
+            return web.json_response(error_body(ERROR_INVALID, message, 409), status=409)
+        try:
+            body = await http_request.json()
+            if not isinstance(body, dict) or not body:
+                raise TypeError
+        except (ValueError, TypeError):
+            message = 'post the knobs to change, e.g. {"max_num_seqs": 8}'
+            return web.json_response(error_body(ERROR_INVALID, message, 400), status=400)
+        try:
+            knobs = await self.replica_swap(body)
+        except ProfileError as exc:
+            return web.json_response(error_body(ERROR_INVALID, str(exc), 400), status=400)
+        except SwapRefused as exc:
+            return web.json_response(error_body(ERROR_INVALID, str(exc), 409), status=409)
+        except BackendUnavailable as exc:  # the new server did not start: the old one still serves
+            return web.json_response(error_body(ERROR_UPSTREAM, f"swap failed: {exc}", 502), status=502)
+        return web.json_response({"knobs": knobs})
 
     async def _policy_get(self, _: web.Request) -> web.Response:
         return web.json_response(self.policy.describe())

@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from core.events import EventSink, make_event
+from core.events import TUNE_STEP, EventSink, make_event
 from core.metrics import Summary, summarize
 from core.profile import Profile, TunerSpec
 from core.records import RequestRecord
@@ -182,6 +182,15 @@ class OnlineTuner:
         requests ran on the old server."""
         self._records.clear()
         self._window_start_s = now
+
+    def jump(self, point: Point, now: float) -> None:
+        """The operator put `point` in force (a replica swap they asked for): it becomes the incumbent, the
+        comparison under way is dropped (its windows ran on another server), and a window starts at `now`."""
+        self.incumbent = self.current = point
+        self.incumbent_window = None
+        self._incumbent_windows, self._trial_windows, self._pending = [], [], []
+        self._hold_left = 0
+        self.restart_window(now)
 
     def trial_failed(self, now: float, error: str) -> Point | None:
         """The trial's point could not be put in force (its server did not start): it scores as failed, is
@@ -338,7 +347,7 @@ class OnlineTuner:
             return
         self.sink(
             make_event(
-                "tune_step",
+                TUNE_STEP,
                 algorithm=ONLINE_ALGORITHM,
                 world=self.world,
                 **record.as_event_fields(),

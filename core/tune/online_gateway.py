@@ -9,20 +9,23 @@ is a `tune_step` event on the gateway's event stream (JSON Lines on stdout in th
 
 With `--launch` (the gateway started its vLLM, core/backends/launched_replicas.py) max_num_seqs is tuned
 too: a trial with another max_num_seqs is a replica swap, and its window starts once the old server has
-drained and stopped. The other modes' own knobs (SABER's window, SLOs-Serve's burst budget) are not tuned
-online yet (docs/gateway.md, "online tuning").
+drained and stopped. An operator's swap (POST /gateway/swap) waits for no window: its point becomes the
+incumbent and the climb goes on from there. GET /gateway/tune shows the steps so far. The other modes' own
+knobs (SABER's window, SLOs-Serve's burst budget) are not tuned online yet (docs/gateway.md, "online tuning").
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from core.backends.launched_replicas import LaunchedReplicas
 from core.control.concurrency_cap import ConcurrencyCapPolicy
-from core.events import EventSink
+from core.events import TUNE_STEP, Event, EventSink, online_tune_feed
 from core.gateway.admission import AdmissionController
+from core.gateway.server import Gateway, SwapRefused
 from core.profile import KnobsSpec, Profile, ProfileError
 from core.tune.knobspace import KnobSpace, Point
 from core.tune.online import OnlineSettings, OnlineTuner, online_space
@@ -47,9 +50,52 @@ class OnlineGatewayTuning:
     replicas: LaunchedReplicas | None = None  # --launch: max_num_seqs moves too, by replica swap
     task: asyncio.Task[None] | None = None
     swap: asyncio.Task[None] | None = None
+    steps: list[Event] = field(default_factory=list)  # its tune_step events, for GET /gateway/tune
+
+    def record(self, event: Event) -> None:
+        if event.get("event") == TUNE_STEP:
+            self.steps.append(event)
+
+    def knobs_in_force(self) -> dict[str, Any]:
+        knobs = self.replicas.current_knobs(self.gateway) if self.replicas is not None else None
+        server = knobs.model_dump() if knobs is not None else {"max_num_seqs": self.tuner.current.max_num_seqs}
+        return {**server, "concurrency": self.policy.cap}
+
+    def feed(self, since: int) -> Event:
+        """GET /gateway/tune's answer (core.events.online_tune_feed)."""
+        swapping = self.swap is not None or (self.replicas is not None and self.replicas.swapping)
+        return online_tune_feed(
+            self.steps,
+            since,
+            tuner=self.tuner.describe(),
+            world=self.tuner.world,
+            incumbent=self.tuner.incumbent.as_dict(),
+            current=self.tuner.current.as_dict(),
+            knobs=self.knobs_in_force(),
+            swapping=swapping,
+            slo_p99_s=self.tuner.slo_s,
+        )
+
+    async def operator_swap(self, update: dict[str, Any]) -> dict[str, Any]:
+        """POST /gateway/swap while tuning: the replica swap the tuner uses; the new point becomes the incumbent
+        (ProfileError when its max_num_seqs is outside the tuner's range: the climb could not go on from it)."""
+        assert self.replicas is not None
+        knobs = self.replicas.edited_knobs(self.gateway, update)
+        current = self.tuner.current
+        point = Point(current.concurrency, knobs.max_num_seqs, current.spec_width, current.spec_on)
+        if self.tuner.space.clamp(point) != point:
+            low, high = self.tuner.spec.max_num_seqs_bounds
+            raise ProfileError(f"max_num_seqs {knobs.max_num_seqs} is outside the online tuner's range {low}..{high}")
+        if self.swap is not None:
+            raise SwapRefused("the online tuner's replica swap is under way; ask again when it is done")
+        swaps = self.replicas.swaps
+        in_force = await self.replicas.swap_knobs(self.gateway, knobs)
+        if self.replicas.swaps > swaps:
+            self.tuner.jump(point, self.gateway.now())
+        return in_force | {"concurrency": self.policy.cap}
 
     def poll(self) -> None:
-        if self.swap is not None:
+        if self.swap is not None or (self.replicas is not None and self.replicas.swapping):
             return  # a replica swap is under way: no window runs until it is done
         change = self.tuner.poll(self.gateway.now())
         if change is None:
@@ -83,6 +129,8 @@ class OnlineGatewayTuning:
 
     async def stop(self) -> None:
         self.gateway.record_sink = None
+        if isinstance(self.gateway, Gateway):
+            self.gateway.tune_feed = None
         if self.swap is not None:
             self.swap.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -115,9 +163,20 @@ def attach_online_tuner(
     point = start or start_point(profile, space)
     policy = ConcurrencyCapPolicy(point.concurrency, max_queue)
     gateway.swap_policy(policy)
-    tuner = OnlineTuner(space, point, profile, settings or OnlineSettings(), sink=sink, world="live")
+    tuner = OnlineTuner(space, point, profile, settings or OnlineSettings(), world="live")
+    tuning = OnlineGatewayTuning(tuner, policy, gateway, replicas)
+
+    def emit(event: Event) -> None:
+        tuning.record(event)
+        if sink is not None:
+            sink(event)
+
+    tuner.sink = emit
     tuner.begin(gateway.now())
     gateway.record_sink = tuner.observe
-    tuning = OnlineGatewayTuning(tuner, policy, gateway, replicas)
+    if isinstance(gateway, Gateway):  # the HTTP gateway (not the simulator's admission): its endpoints
+        gateway.tune_feed = tuning.feed
+        if replicas is not None:
+            gateway.replica_swap = tuning.operator_swap
     tuning.task = asyncio.get_running_loop().create_task(tuning._run())
     return tuning
