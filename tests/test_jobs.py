@@ -176,8 +176,11 @@ def test_a_run_that_measured_nothing_says_so_in_its_factsheet_and_on_stderr(tmp_
     proc = run_cli("--batch", "--requests", "50", "--out", str(out))  # 100 warm-up requests: none measured
     assert proc.returncode == 0, proc.stderr
     assert "nothing was measured: the first 100 requests" in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].endswith("run: nothing measured: no request was sent in the "
-                                                         "measurement window, so there is no SLO verdict")
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith("run: nothing measured: no request was sent in the measurement window, so there is no SLO verdict")
+    )
     factsheet = json.loads((out / "factsheet.json").read_text())
     validate(factsheet)
     assert factsheet["verdict"]["state"] == "unmeasured"
