@@ -135,7 +135,7 @@ def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
 
 
 # (signal, finished segments to wait for): before any segment is journaled, in the middle, near the end.
-KILL_POINTS = [(signal.SIGKILL, 0), (signal.SIGKILL, 6), (signal.SIGINT, 2), (signal.SIGINT, 11)]
+KILL_POINTS = [(signal.SIGKILL, 0), (signal.SIGKILL, 6), (signal.SIGINT, 2), (signal.SIGINT, 10)]
 
 
 @pytest.mark.parametrize(("sig", "segments"), KILL_POINTS, ids=[f"{s.name}-after-{n}" for s, n in KILL_POINTS])
