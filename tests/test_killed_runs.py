@@ -122,6 +122,55 @@ def test_replace_atomically_keeps_the_old_file_until_the_new_one_is_whole(tmp_pa
     assert json.loads(target.read_text()) == {"new": 2}
 
 
+# Run in a child: every write to the file named in argv[2] writes half its text, then the process SIGKILLs
+# itself (a kill landing in the middle of writing that file).
+KILLED_WHILE_WRITING = """
+import io, os, signal, sys
+from pathlib import Path
+real_open = io.open
+
+class HalfThenKilled:
+    def __init__(self, fh):
+        self.fh = fh
+    def write(self, text):
+        self.fh.write(text[: len(text) // 2])
+        self.fh.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+    def __getattr__(self, name):
+        return getattr(self.fh, name)
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self.fh.close()
+
+def dying_open(file, mode="r", *args, **kwargs):
+    fh = real_open(file, mode, *args, **kwargs)
+    name = os.path.basename(str(file))
+    watched = sys.argv[2]
+    return HalfThenKilled(fh) if "w" in mode and (name == watched or name.startswith("." + watched)) else fh
+
+io.open = dying_open
+from console.batch import run_batch
+from core.jobs.options import OperatorOptions
+run_batch(OperatorOptions(profile="quickstart", requests=200, speed=None, out=Path(sys.argv[1])))
+"""
+
+
+@pytest.mark.parametrize("name", ["summary.json", "factsheet.json", "factsheet.md"])
+def test_killed_while_writing_a_whole_file_leaves_it_absent_not_cut(tmp_path: Path, name: str) -> None:
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-c", KILLED_WHILE_WRITING, str(out), name],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        timeout=120,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    assert not (out / name).exists(), f"{name} was left cut short: {(out / name).read_text()[:200]!r}"
+    assert_every_file_whole(out)
+
+
 # ---------------------------------------------------------------- a tune killed at several points
 
 
