@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from core.backend_api import BackendUnavailable
+from core.durable_files import JsonlAppender, replace_atomically
 from core.events import Event, to_json_line
 from core.exit_codes import ExitCode
 from core.job_registry import JOBS, JobContext, JobFailed, JobSpec
@@ -34,17 +35,16 @@ class EventWriter:
 
     def __init__(self, stream: IO[str], out_dir: Path | None) -> None:
         self.stream = stream
-        self.file: IO[str] | None = None
+        self.file: JsonlAppender | None = None
         if out_dir is not None:
-            self.file = (out_dir / "events.jsonl").open("w")
+            self.file = JsonlAppender(out_dir / "events.jsonl", truncate=True)
 
     def __call__(self, event: Event) -> None:
         line = to_json_line(event)
         self.stream.write(line + "\n")
         self.stream.flush()
         if self.file is not None:
-            self.file.write(line + "\n")
-            self.file.flush()
+            self.file.write_line(line)
 
     def close(self) -> None:
         if self.file is not None:
@@ -102,12 +102,11 @@ class RequestWriter:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.file: IO[str] | None = path.open("w")
+        self.file: JsonlAppender | None = JsonlAppender(path, truncate=True)
 
     def __call__(self, record: Any) -> None:
         if self.file is not None:
-            self.file.write(_request_line(record) + "\n")
-            self.file.flush()
+            self.file.write_line(_request_line(record))
 
     def finish(self, records: list[Any]) -> None:
         self.close()
@@ -124,7 +123,7 @@ class RequestWriter:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    replace_atomically(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def run_batch(options: OperatorOptions, stdout: IO[str] | None = None) -> int:

@@ -34,6 +34,7 @@ import numpy as np
 import yaml
 from scipy.optimize import brentq, least_squares, lsq_linear
 
+from core.durable_files import replace_atomically
 from core.profile import Calibration, PerfTerm, PowerModel, StallModel
 from core.step_time import expected_accepted_tokens
 
@@ -330,9 +331,7 @@ def calibration_yaml(calibration: Calibration, header: str = "") -> str:
 
 
 def write_calibration(calibration: Calibration, path: Path, header: str = "") -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(calibration_yaml(calibration, header))
-    return path
+    return replace_atomically(path, calibration_yaml(calibration, header))
 
 
 def read_calibration(path: Path) -> Calibration:

@@ -32,6 +32,7 @@ from core.calibrate.step_observations import client_overhead_s, noise_cv
 from core.calibrate.sweep import median_itl, run_sweep
 from core.calibrate.sweep_points import SweepResult, SweepSettings, Timing
 from core.calibrate.sweep_targets import SweepTarget, UrlTarget, VllmTarget
+from core.durable_files import replace_atomically
 from core.events import EventSink, make_event
 from core.profile import Calibration, Profile, ProfileError, load_calibration
 
@@ -283,7 +284,7 @@ async def run_calibrate(
         await target.close()
     wall_s = time.perf_counter() - started
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / SWEEP_FILE).write_text(json.dumps(_sweep_json(sweep), indent=1) + "\n")
+    replace_atomically(out_dir / SWEEP_FILE, json.dumps(_sweep_json(sweep), indent=1) + "\n")
     if sweep.interrupted:
         return CalibrateResult(profile, sweep, None, None, None, wall_s, interrupted=True)
     fit, calibration, acceptance_length = calibrate_from_sweep(profile, sweep, terms, timing)

@@ -110,6 +110,7 @@ async def run_sweep(
     stall_samples: list[StallSample] = []
     facts = ServerFacts(None, None, None)
     interrupted = False
+    measured: dict[int, list[PointResult]] = {}  # the current group's repeats, by point
     try:
         # Points run in groups of the same server knobs. Within a group the decode repeats are interleaved
         # (c1, c4, c8, c1, c4, c8, ...), and each point keeps its fastest repeat: on a shared machine whose
@@ -134,7 +135,7 @@ async def run_sweep(
             if facts.block_size is None:
                 facts = await target.facts()
             block = facts.block_size or 16
-            measured: dict[int, list[PointResult]] = {i: [] for i in range(len(group))}
+            measured = {i: [] for i in range(len(group))}
             rounds = max(1, settings.decode_repeats)
             for repeat in range(rounds):
                 for i, point in enumerate(group):
@@ -147,16 +148,15 @@ async def run_sweep(
                         break
                 if interrupted:
                     break
-            for i in range(len(group)):
-                if not measured[i]:
-                    continue
-                result = _fastest_repeat(measured[i])
-                results.append(result)
-                emit(make_event("calibrate_point", **result.to_dict()))
+            _keep_fastest(measured, results, emit)
+            measured = {}
             if interrupted:
                 break
     except asyncio.CancelledError:
         interrupted = True
+        # Ctrl-C between two requests of a point (or while /metrics is read) lands here, not in a returned
+        # `interrupted`: the repeats finished so far are kept all the same, so sweep.json holds them.
+        _keep_fastest(measured, results, emit)
     description = target.describe()
     return SweepResult(settings, facts, results, description, notes, interrupted, stall_samples)
 
@@ -183,6 +183,15 @@ async def _measure_point(
     if before is not None and after is not None:
         counters = EngineCounters.parse(after).since(EngineCounters.parse(before))
     return summarize_point(point, outcome, wall_s, block, counters), outcome.interrupted
+
+
+def _keep_fastest(measured: dict[int, list[PointResult]], results: list[PointResult], emit: EventSink) -> None:
+    """Each point of a group enters the sweep once, as its fastest repeat (in the group's order)."""
+    for i in sorted(measured):
+        if measured[i]:
+            result = _fastest_repeat(measured[i])
+            results.append(result)
+            emit(make_event("calibrate_point", **result.to_dict()))
 
 
 def _fastest_repeat(results: list[PointResult]) -> PointResult:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.durable_files import replace_atomically
 from core.factsheet.model import (
     Factsheet,
     Figure,
@@ -623,6 +624,7 @@ def write_factsheet(factsheet: Factsheet, out_dir: Path) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path = out_dir / JSON_NAME
     markdown_path = out_dir / MARKDOWN_NAME
-    json_path.write_text(render_json(factsheet), encoding="utf-8")
-    markdown_path.write_text(render_markdown(factsheet), encoding="utf-8")
+    # Each file whole or absent (a run killed while writing them): core/durable_files.py.
+    replace_atomically(json_path, render_json(factsheet))
+    replace_atomically(markdown_path, render_markdown(factsheet))
     return json_path, markdown_path

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from core.durable_files import JsonlAppender
 from core.profile import ProfileError
 from core.tune.score import Segment
 
@@ -28,14 +29,14 @@ class Journal:
         self.header = {"kind": "header", "format": FORMAT_VERSION, **header}
         self.segments: dict[str, Segment] = {}
         self.archived: Path | None = None
-        self._file: IO[str] | None = None
+        self._file: JsonlAppender | None = None
         path.parent.mkdir(parents=True, exist_ok=True)
         if resume and path.exists() and path.stat().st_size > 0:
             self._load_for_resume()
         else:
             if path.exists() and path.stat().st_size > 0:
                 self.archived = self._archive_old()
-            self._file = path.open("w")
+            self._file = JsonlAppender(path, truncate=True, sync=True)
             self._write(self.header)
 
     # ------------------------------------------------------------ reading
@@ -78,7 +79,7 @@ class Journal:
         tmp = self.path.with_suffix(".tmp")
         tmp.write_bytes(b"".join(line + b"\n" for line in good))
         os.replace(tmp, self.path)
-        self._file = self.path.open("a")
+        self._file = JsonlAppender(self.path, sync=True)
 
     def _archive_old(self) -> Path:
         """A new run never overwrites measurements: the previous journal is kept under a numbered name."""
@@ -97,9 +98,8 @@ class Journal:
 
     def _write(self, entry: dict[str, Any]) -> None:
         assert self._file is not None
-        self._file.write(json.dumps(entry, separators=(",", ":"), allow_nan=False, default=_json_default) + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        # One line per system call, fsynced: a kill leaves every earlier line whole (core/durable_files.py).
+        self._file.write_line(json.dumps(entry, separators=(",", ":"), allow_nan=False, default=_json_default))
 
     def append(self, segment: Segment) -> None:
         self.segments[segment.key] = segment
