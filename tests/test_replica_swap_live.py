@@ -38,6 +38,9 @@ from tests.fakes import VLLM_PYTHON
 pytestmark = pytest.mark.vllm
 
 CLIENTS = 3  # closed-loop clients: steady load the whole time
+# Each client pauses this long between requests: load that never stops, yet leaves the 2-core machine room to
+# start the second vLLM (with no pause, its start-up took over 400 s in a CI run beside other work).
+THINK_S = 0.25
 OUTPUT_TOKENS = 32
 
 
@@ -61,7 +64,7 @@ def _profile_file(tmp_path: Path) -> Path:
             "preset": "cpu",
             "python": VLLM_PYTHON,
             "extra_args": ["--max-model-len", "1024"],
-            "startup_timeout_s": 400,
+            "startup_timeout_s": 900,
         },
     }
     path = tmp_path / "replica-swap-live.yaml"
@@ -76,6 +79,7 @@ async def _client(url: str, model: str, stop: asyncio.Event, statuses: list[int]
             async with session.post(url + "/v1/completions", json=body) as response:
                 await response.read()
                 statuses.append(response.status)
+            await asyncio.sleep(THINK_S)
 
 
 def test_a_replica_swap_under_steady_load_fails_nothing_and_accounts_for_every_request(tmp_path: Path) -> None:
