@@ -82,6 +82,13 @@ async def _client(url: str, model: str, stop: asyncio.Event, statuses: list[int]
             await asyncio.sleep(THINK_S)
 
 
+# Two vLLM CPU servers on one 2-core machine both pin their engine to core 0 (vLLM's OMP binding reserves the
+# other core: "core ids=[0], reserved_cpus=[1]" in both logs), so the new one's start-up stalls behind the one that
+# serves: ready after 225 s in one run, not within 400 s and 900 s in two CI runs (2026-11-26). The swap's mechanics
+# run in CI over scripted servers (tests/test_replica_swap.py); this live test needs a machine with cores to spare.
+@pytest.mark.skipif(
+    (os.cpu_count() or 1) < 4, reason="two vLLM CPU servers on fewer than 4 cores pin the same core (see comment)"
+)
 def test_a_replica_swap_under_steady_load_fails_nothing_and_accounts_for_every_request(tmp_path: Path) -> None:
     profile = load_profile(_profile_file(tmp_path))
     events: list[dict[str, Any]] = []
