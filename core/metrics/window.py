@@ -116,7 +116,7 @@ class WindowedAggregator:
     def _flush(self) -> None:
         if not self._pending:
             return
-        out = compute_outcomes(self._pending, fallback_slo=self.slo, smooth=self.smooth, collect_itl=False)
+        out = compute_outcomes(self._pending, fallback_slo=self.slo, smooth=self.smooth)
         if self._keep:
             self._kept.append(out)
             self._kept_records.extend(self._pending)
