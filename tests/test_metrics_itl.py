@@ -76,10 +76,10 @@ GAP_DRAWS = {
 def test_streamed_summary_equals_numpy_over_the_whole_array(
     draw: str, leaf: int, bin_shift: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Small leaves (numpy's 128-element block is the least) walk numpy's pairwise splits many levels deep; a coarse histogram puts many values per bin.
+    # Small leaves (numpy's 128-element block is the least) walk numpy's pairwise splits many levels deep; a
+    # coarse histogram puts many values per bin.
     monkeypatch.setattr(itl, "_LEAF", leaf)
     monkeypatch.setattr(itl, "_BIN_SHIFT", bin_shift)
-    monkeypatch.setattr(itl, "_BINS", 1 << (64 - bin_shift))
     for seed in range(4):
         rng = np.random.default_rng(seed)
         records = _records(rng, int(rng.integers(1, 400)), GAP_DRAWS[draw](rng))

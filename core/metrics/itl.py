@@ -30,9 +30,9 @@ NAN = float("nan")
 # no longer splits (it sums with eight accumulators), so a smaller leaf would not be one of its subtrees.
 _LEAF = 1 << 18
 # Histogram bins: the top 20 bits of a value's order-preserving integer key (sign, exponent, 8 mantissa bits),
-# so one bin spans 1/256 of a binade and holds few of the gaps.
+# so one bin spans 1/256 of a binade and holds few of the gaps. Only the span of bins the values reach is
+# counted (a few thousand for latencies; 2^20, 8 MB, at the very most).
 _BIN_SHIFT = 44
-_BINS = 1 << (64 - _BIN_SHIFT)
 
 
 class GapSeries:
@@ -100,7 +100,29 @@ def _order_key(values: np.ndarray) -> np.ndarray:
 
 
 def _bins(values: np.ndarray) -> np.ndarray:
-    return (_order_key(values) >> _BIN_SHIFT) + (_BINS // 2)
+    return _order_key(values) >> _BIN_SHIFT
+
+
+class _BinCounts:
+    """How many values fall in each bin, over the span of bins seen so far (bin `first` is counts[0])."""
+
+    def __init__(self) -> None:
+        self.first = 0
+        self.counts = np.zeros(0, dtype=np.int64)
+
+    def add(self, bins: np.ndarray) -> None:
+        if not len(bins):
+            return
+        lo, hi = int(bins.min()), int(bins.max())
+        if not len(self.counts):
+            self.first, self.counts = lo, np.zeros(hi - lo + 1, dtype=np.int64)
+        last = self.first + len(self.counts) - 1
+        if lo < self.first or hi > last:
+            first = min(lo, self.first)
+            grown = np.zeros(max(hi, last) - first + 1, dtype=np.int64)
+            grown[self.first - first : self.first - first + len(self.counts)] = self.counts
+            self.first, self.counts = first, grown
+        self.counts += np.bincount(bins - self.first, minlength=len(self.counts))
 
 
 def linear_percentiles(
@@ -130,14 +152,14 @@ def itl_summary(series: GapSeries, qs: Sequence[float]) -> tuple[float, tuple[fl
     n = len(series)
     if n == 0:
         return NAN, tuple(NAN for _ in qs)
-    counts = np.zeros(_BINS, dtype=np.int64)
+    counts = _BinCounts()
     has_nan = False
     leaf_sums: list[float] = []
     for gaps in series.blocks():
         leaf_sums.append(np.add.reduce(gaps))
         if math.isnan(leaf_sums[-1]):  # a NaN gap, or infinities of both signs
             has_nan = has_nan or bool(np.isnan(gaps).any())
-        counts += np.bincount(_bins(gaps), minlength=_BINS)
+        counts.add(_bins(gaps))
     mean = float(_pairwise_sum(iter(leaf_sums), 0, n) / n)
     if has_nan:
         # numpy's percentiles of an array holding a NaN are NaN.
@@ -145,10 +167,12 @@ def itl_summary(series: GapSeries, qs: Sequence[float]) -> tuple[float, tuple[fl
     return mean, tuple(linear_percentiles(n, qs, lambda ranks: _select(series, counts, ranks)))
 
 
-def _select(series: GapSeries, counts: np.ndarray, ranks: list[int]) -> dict[int, float]:
+def _select(series: GapSeries, histogram: _BinCounts, ranks: list[int]) -> dict[int, float]:
     """The values at the given ranks (0-based, ascending order) of the series, given its bin histogram."""
-    below_bin = np.cumsum(counts) - counts  # values in bins before each bin
-    wanted = {rank: int(np.searchsorted(below_bin + counts, rank, side="right")) for rank in ranks}
+    up_to = np.cumsum(histogram.counts)  # values in bins up to each bin
+    at = {rank: int(np.searchsorted(up_to, rank, side="right")) for rank in ranks}  # positions in the histogram
+    below_bin = {position: int(up_to[position] - histogram.counts[position]) for position in at.values()}
+    wanted = {rank: position + histogram.first for rank, position in at.items()}
     bins = np.array(sorted(set(wanted.values())), dtype=np.int64)
     members: list[list[np.ndarray]] = [[] for _ in bins]
     for gaps in series.blocks():
@@ -162,6 +186,6 @@ def _select(series: GapSeries, counts: np.ndarray, ranks: list[int]) -> dict[int
     result = {}
     for rank, b in wanted.items():
         inside = values[b]
-        k = rank - int(below_bin[b])
+        k = rank - below_bin[b - histogram.first]
         result[rank] = float(np.partition(inside, k)[k])
     return result
