@@ -26,9 +26,9 @@ from core.records import RequestRecord
 
 NAN = float("nan")
 
-# Gaps materialised at once: 2 MB of float64 per block. At least numpy's pairwise block (128): below it numpy
+# Gaps materialised at once: 0.5 MB of float64 per block. At least numpy's pairwise block (128): below it numpy
 # no longer splits (it sums with eight accumulators), so a smaller leaf would not be one of its subtrees.
-_LEAF = 1 << 18
+_LEAF = 1 << 16
 # Histogram bins: the top 20 bits of a value's order-preserving integer key (sign, exponent, 8 mantissa bits),
 # so one bin spans 1/256 of a binade and holds few of the gaps. Only the span of bins the values reach is
 # counted (a few thousand for latencies; 2^20, 8 MB, at the very most).

@@ -242,16 +242,18 @@ def compute_outcomes(
     )
 
 
-def gather_outcomes(parts: Sequence[RequestOutcomes], order: np.ndarray) -> RequestOutcomes:
-    """Outcomes judged in parts, concatenated and taken in `order` (positions into the concatenation): the
-    columns `compute_outcomes` gives for the records in that order, task codes by first appearance as there.
-    """
+def gather_outcomes(parts: Sequence[RequestOutcomes], order: np.ndarray | None) -> RequestOutcomes:
+    """Outcomes judged in parts, concatenated and taken in `order` (positions into the concatenation; None: as
+    concatenated): the columns `compute_outcomes` gives for the records in that order, task codes by first
+    appearance as there."""
     names: dict[str, int] = {}
     codes = []
     for part in parts:
         to_global = np.array([names.setdefault(name, len(names)) for name in part.task_names], dtype=np.int64)
         codes.append(to_global[part.task_code] if len(to_global) else part.task_code)
-    global_code = np.concatenate(codes)[order]
+    global_code = np.concatenate(codes)
+    if order is not None:
+        global_code = global_code[order]
     present, first_seen = np.unique(global_code, return_index=True)
     by_appearance = present[np.argsort(first_seen)]
     recode = np.empty(len(names), dtype=np.int64)
@@ -259,7 +261,8 @@ def gather_outcomes(parts: Sequence[RequestOutcomes], order: np.ndarray) -> Requ
     global_names = list(names)
 
     def column(name: str) -> np.ndarray:
-        return np.concatenate([getattr(part, name) for part in parts])[order]
+        joined = np.concatenate([getattr(part, name) for part in parts])
+        return joined if order is None else joined[order]
 
     return RequestOutcomes(
         **{name: column(name) for name in _PER_REQUEST_COLUMNS},

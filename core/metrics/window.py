@@ -14,6 +14,7 @@ do not read as a slump.
 from __future__ import annotations
 
 import math
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -160,6 +161,8 @@ class WindowedAggregator:
             return None
         if slo != self.slo or smooth != self.smooth:
             return None
+        if all(map(operator.is_, records, self._kept_records)):
+            return gather_outcomes(self._kept, None)  # the usual case: the records in the order they were added
         position = {id(rec): i for i, rec in enumerate(self._kept_records)}
         if len(position) != len(self._kept_records):
             return None  # a record added twice
