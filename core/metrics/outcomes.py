@@ -242,33 +242,58 @@ def compute_outcomes(
     )
 
 
-def gather_outcomes(parts: Sequence[RequestOutcomes], order: np.ndarray | None) -> RequestOutcomes:
-    """Outcomes judged in parts, concatenated and taken in `order` (positions into the concatenation; None: as
-    concatenated): the columns `compute_outcomes` gives for the records in that order, task codes by first
-    appearance as there."""
-    names: dict[str, int] = {}
-    codes = []
-    for part in parts:
-        to_global = np.array([names.setdefault(name, len(names)) for name in part.task_names], dtype=np.int64)
-        codes.append(to_global[part.task_code] if len(to_global) else part.task_code)
-    global_code = np.concatenate(codes)
-    if order is not None:
-        global_code = global_code[order]
-    present, first_seen = np.unique(global_code, return_index=True)
-    by_appearance = present[np.argsort(first_seen)]
-    recode = np.empty(len(names), dtype=np.int64)
-    recode[by_appearance] = np.arange(len(by_appearance))
-    global_names = list(names)
+class OutcomeStore:
+    """Outcomes judged in batches, appended into growing columns in the order the batches came: what the live
+    window keeps so that the run's summary takes them without judging the records again. Columns are filled in
+    place (capacity doubles), so handing them over copies nothing."""
 
-    def column(name: str) -> np.ndarray:
-        joined = np.concatenate([getattr(part, name) for part in parts])
-        return joined if order is None else joined[order]
+    def __init__(self) -> None:
+        self._columns: dict[str, np.ndarray] = {}
+        self._n = 0
+        self._task_codes: dict[str, int] = {}  # across batches, by first appearance
 
-    return RequestOutcomes(
-        **{name: column(name) for name in _PER_REQUEST_COLUMNS},
-        task_code=recode[global_code],
-        task_names=[global_names[code] for code in by_appearance],
-    )
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, part: RequestOutcomes) -> None:
+        to_global = np.array(
+            [self._task_codes.setdefault(name, len(self._task_codes)) for name in part.task_names], dtype=np.int64
+        )
+        values = {name: getattr(part, name) for name in _PER_REQUEST_COLUMNS}
+        values["task_code"] = to_global[part.task_code] if len(to_global) else part.task_code
+        m, n = len(part), self._n
+        capacity = len(self._columns["task_code"]) if self._columns else 0
+        if n + m > capacity:
+            capacity = max(2 * capacity, n + m, 1024)
+            for name, value in values.items():
+                grown = np.empty(capacity, dtype=value.dtype)
+                if name in self._columns:
+                    grown[:n] = self._columns[name][:n]
+                self._columns[name] = grown
+        for name, value in values.items():
+            self._columns[name][n : n + m] = value
+        self._n = n + m
+
+    def gather(self, order: np.ndarray | None) -> RequestOutcomes:
+        """The outcomes taken in `order` (positions in the store; None: as stored, as views): the columns
+        `compute_outcomes` gives for the records in that order, task codes by first appearance as there."""
+        n = self._n
+
+        def column(name: str) -> np.ndarray:
+            stored = self._columns[name][:n]
+            return stored if order is None else stored[order]
+
+        global_code = column("task_code")
+        present, first_seen = np.unique(global_code, return_index=True)
+        by_appearance = present[np.argsort(first_seen)]
+        recode = np.empty(len(self._task_codes), dtype=np.int64)
+        recode[by_appearance] = np.arange(len(by_appearance))
+        global_names = list(self._task_codes)
+        return RequestOutcomes(
+            **{name: column(name) for name in _PER_REQUEST_COLUMNS},
+            task_code=recode[global_code],
+            task_names=[global_names[code] for code in by_appearance],
+        )
 
 
 _PER_REQUEST_COLUMNS = tuple(name for name in RequestOutcomes.__slots__ if name not in ("task_code", "task_names"))

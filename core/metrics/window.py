@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from core.metrics.outcomes import RequestOutcomes, compute_outcomes, gather_outcomes
+from core.metrics.outcomes import OutcomeStore, RequestOutcomes, compute_outcomes
 from core.metrics.summary import NAN, _json_ready, percentiles
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord
@@ -98,7 +98,7 @@ class WindowedAggregator:
         # keep_outcomes: every batch's outcomes and records, so that the run's summary reuses them (`judged`)
         # instead of judging every record a second time.
         self._keep = keep_outcomes
-        self._kept: list[RequestOutcomes] = []
+        self._kept = OutcomeStore()
         self._kept_records: list[RequestRecord] = []
 
     def add(self, record: RequestRecord) -> None:
@@ -162,7 +162,7 @@ class WindowedAggregator:
         if slo != self.slo or smooth != self.smooth:
             return None
         if all(map(operator.is_, records, self._kept_records)):
-            return gather_outcomes(self._kept, None)  # the usual case: the records in the order they were added
+            return self._kept.gather(None)  # the usual case: the records in the order they were added
         position = {id(rec): i for i, rec in enumerate(self._kept_records)}
         if len(position) != len(self._kept_records):
             return None  # a record added twice
@@ -170,7 +170,7 @@ class WindowedAggregator:
             order = np.fromiter((position[id(rec)] for rec in records), dtype=np.int64, count=len(records))
         except KeyError:
             return None  # a record the window never saw (e.g. cancelled at Ctrl-C)
-        return gather_outcomes(self._kept, order)
+        return self._kept.gather(order)
 
     def _evict(self, now_s: float) -> None:
         # Rows arrive roughly in end order; one that is out of order lingers until those before it go,
