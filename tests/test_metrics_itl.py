@@ -72,7 +72,7 @@ GAP_DRAWS = {
 
 
 @pytest.mark.parametrize("draw", sorted(GAP_DRAWS))
-@pytest.mark.parametrize(("leaf", "bin_shift"), [(128, 44), (200, 60), (1 << 16, 44)])
+@pytest.mark.parametrize(("leaf", "bin_shift"), [(128, 44), (200, 60), (1 << 15, 44)])
 def test_streamed_summary_equals_numpy_over_the_whole_array(
     draw: str, leaf: int, bin_shift: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -26,9 +26,10 @@ from core.records import RequestRecord
 
 NAN = float("nan")
 
-# Gaps materialised at once: 0.5 MB of float64 per block. At least numpy's pairwise block (128): below it numpy
-# no longer splits (it sums with eight accumulators), so a smaller leaf would not be one of its subtrees.
-_LEAF = 1 << 16
+# Gaps materialised at once: 256 kB of float64 per block (the summary's peak holds a few such temporaries).
+# At least numpy's pairwise block (128): below it numpy no longer splits (it sums with eight accumulators), so a
+# smaller leaf would not be one of its subtrees.
+_LEAF = 1 << 15
 # Histogram bins: the top 20 bits of a value's order-preserving integer key (sign, exponent, 8 mantissa bits),
 # so one bin spans 1/256 of a binade and holds few of the gaps. Only the span of bins the values reach is
 # counted (a few thousand for latencies; 2^20, 8 MB, at the very most).
@@ -168,24 +169,28 @@ def itl_summary(series: GapSeries, qs: Sequence[float]) -> tuple[float, tuple[fl
 
 
 def _select(series: GapSeries, histogram: _BinCounts, ranks: list[int]) -> dict[int, float]:
-    """The values at the given ranks (0-based, ascending order) of the series, given its bin histogram."""
+    """The values at the given ranks (0-based, ascending order) of the series, given its bin histogram: the
+    values of the bins that hold those ranks are gathered (into arrays of the size the histogram gives) and
+    partitioned in place."""
     up_to = np.cumsum(histogram.counts)  # values in bins up to each bin
-    at = {rank: int(np.searchsorted(up_to, rank, side="right")) for rank in ranks}  # positions in the histogram
-    below_bin = {position: int(up_to[position] - histogram.counts[position]) for position in at.values()}
-    wanted = {rank: position + histogram.first for rank, position in at.items()}
-    bins = np.array(sorted(set(wanted.values())), dtype=np.int64)
-    members: list[list[np.ndarray]] = [[] for _ in bins]
+    position_of = {rank: int(np.searchsorted(up_to, rank, side="right")) for rank in ranks}  # in the histogram
+    positions = sorted(set(position_of.values()))
+    bins = np.array(positions, dtype=np.int64) + histogram.first
+    members = [np.empty(int(histogram.counts[p])) for p in positions]
+    filled = [0] * len(positions)
     for gaps in series.blocks():
         of_gap = _bins(gaps)
         where = np.searchsorted(bins, of_gap)
         where[where == len(bins)] = 0
         hit = bins[where] == of_gap
         for j in np.unique(where[hit]).tolist():
-            members[j].append(gaps[hit & (where == j)])
-    values = {int(b): np.concatenate(parts) for b, parts in zip(bins.tolist(), members, strict=True)}
+            found = gaps[hit & (where == j)]
+            members[j][filled[j] : filled[j] + len(found)] = found
+            filled[j] += len(found)
     result = {}
-    for rank, b in wanted.items():
-        inside = values[b]
-        k = rank - below_bin[b - histogram.first]
-        result[rank] = float(np.partition(inside, k)[k])
+    for j, p in enumerate(positions):
+        below = int(up_to[p] - histogram.counts[p])  # values in the bins before this one
+        ks = sorted(rank - below for rank, q in position_of.items() if q == p)
+        members[j].partition(ks)
+        result.update({below + k: float(members[j][k]) for k in ks})
     return result

@@ -195,6 +195,8 @@ def summarize(
     window = float(window_s) if window_s is not None else measurement_window_s(out)
 
     ok = out.ok
+    # First, while no other per-request temporaries are alive: the ITL blocks are the summary's peak.
+    itl_mean, itl_p = itl_summary(GapSeries(measured, ok), PERCENTILES)
     requests = len(out)
     completed = int(ok.sum())
     status_counts = np.bincount(out.status_code[~ok], minlength=len(STATUSES))
@@ -206,7 +208,6 @@ def summarize(
     e2e_p = percentiles(e2e)
     ttft_p = percentiles(ttft)
     tpot_p = percentiles(tpot)
-    itl_mean, itl_p = itl_summary(GapSeries(measured, out.ok), PERCENTILES)
     output_tokens = int(out.output_tokens[ok].sum())
     defined_idle = _defined(out.idle_s)
 
