@@ -9,22 +9,8 @@ import pytest
 
 from core.metrics import itl
 from core.metrics.summary import PERCENTILES
-from core.records import RequestRecord, RequestSLO, Status
-
-
-def _record(i: int, times: np.ndarray | None, status: Status = Status.OK) -> RequestRecord:
-    return RequestRecord(
-        request_id=i,
-        task="t",
-        slo=RequestSLO(),
-        prompt_tokens=1,
-        max_tokens=1,
-        scheduled_s=0.0,
-        arrival_s=0.0,
-        status=status,
-        chunk_times=times,
-        end_s=None if times is None or not len(times) else float(times[-1]),
-    )
+from core.records import RequestRecord, Status
+from tests.test_metrics import rec
 
 
 def _records(rng: np.random.Generator, n: int, draw_gap) -> list[RequestRecord]:
@@ -33,7 +19,7 @@ def _records(rng: np.random.Generator, n: int, draw_gap) -> list[RequestRecord]:
         chunks = int(rng.integers(0, 60))
         times = None if chunks == 0 else np.cumsum(draw_gap(chunks))
         status = Status.ERROR if rng.random() < 0.1 else Status.OK
-        out.append(_record(i, times, status))
+        out.append(rec(i, chunks=times, status=status))
     return out
 
 
@@ -89,7 +75,7 @@ def test_streamed_summary_equals_numpy_over_the_whole_array(
 def test_a_million_gaps_sum_like_numpy() -> None:
     """Past numpy's 128-element blocks and several real leaves: the pairwise splits must line up."""
     rng = np.random.default_rng(7)
-    records = [_record(i, np.cumsum(rng.lognormal(-3.5, 0.6, 1 + int(rng.integers(1, 400))))) for i in range(6000)]
+    records = [rec(i, chunks=np.cumsum(rng.lognormal(-3.5, 0.6, 1 + int(rng.integers(1, 400))))) for i in range(6000)]
     assert len(_materialised(records)) > 4 * itl._LEAF
     assert _same(_streamed(records), _numpy_summary(records))
 
@@ -104,13 +90,13 @@ def test_linear_percentiles_follow_numpy_for_every_size() -> None:
 
 
 def test_nan_gap_gives_nan_percentiles_as_numpy() -> None:
-    records = [_record(0, np.array([0.0, 0.1, math.nan, 0.4])), _record(1, np.array([1.0, 1.5]))]
+    records = [rec(0, chunks=[0.0, 0.1, math.nan, 0.4]), rec(1, chunks=[1.0, 1.5])]
     streamed = _streamed(records)
     assert _same(streamed, _numpy_summary(records))
     assert all(math.isnan(v) for v in streamed[1])
 
 
 def test_no_gaps() -> None:
-    records = [_record(0, np.array([0.3])), _record(1, None), _record(2, np.array([1.0, 2.0]), Status.ERROR)]
+    records = [rec(0, chunks=[0.3]), rec(1), rec(2, chunks=[1.0, 2.0], status=Status.ERROR)]
     mean, ps = _streamed(records)
     assert math.isnan(mean) and all(math.isnan(v) for v in ps)
