@@ -175,16 +175,15 @@ def _select(series: GapSeries, histogram: _BinCounts, ranks: list[int]) -> dict[
     up_to = np.cumsum(histogram.counts)  # values in bins up to each bin
     position_of = {rank: int(np.searchsorted(up_to, rank, side="right")) for rank in ranks}  # in the histogram
     positions = sorted(set(position_of.values()))
-    bins = np.array(positions, dtype=np.int64) + histogram.first
+    # Which gathered bin each histogram bin is (-1: none), looked up by each gap's bin.
+    slot_of_bin = np.full(len(histogram.counts), -1, dtype=np.int32)
+    slot_of_bin[positions] = np.arange(len(positions))
     members = [np.empty(int(histogram.counts[p])) for p in positions]
     filled = [0] * len(positions)
     for gaps in series.blocks():
-        of_gap = _bins(gaps)
-        where = np.searchsorted(bins, of_gap)
-        where[where == len(bins)] = 0
-        hit = bins[where] == of_gap
-        for j in np.unique(where[hit]).tolist():
-            found = gaps[hit & (where == j)]
+        slot = slot_of_bin[_bins(gaps) - histogram.first]
+        for j in range(len(positions)):
+            found = gaps[slot == j]
             members[j][filled[j] : filled[j] + len(found)] = found
             filled[j] += len(found)
     result = {}
