@@ -42,8 +42,8 @@ OK_CODE = _STATUS_CODE[Status.OK.value]
 # clock's resolution here, keeps such a request on the side of the line it is really on.
 SLO_TOLERANCE_S = 1e-9
 
-# Chunk elements processed per batch: about 2 MB per float64 working array (a batch's temporaries stay
-# small beside the ITL array itself; results do not depend on the batching, tests/test_metrics.py).
+# Chunk elements processed per batch: about 2 MB per float64 working array, so a batch's temporaries stay
+# small (results do not depend on the batching, tests/test_metrics.py).
 _CHUNK_BATCH = 1 << 18
 
 
@@ -75,7 +75,6 @@ class RequestOutcomes:
     attained: np.ndarray  # met every SLO that applies
     idle_s: np.ndarray  # user idle latency (paper 003 eq. 6); NaN when nothing can be said
     benefit: np.ndarray  # paper 003 eq. 7; 0 where idle_s is NaN
-    itl_s: np.ndarray  # all gaps between chunks of ok requests (empty unless collect_itl)
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -85,11 +84,9 @@ def _chunk_pass(
     times_list: list[np.ndarray],
     tokens_list: list[np.ndarray | None],
     arrival: np.ndarray,
-    ok: np.ndarray,
     smooth: SmoothGoodputSpec,
-    collect_itl: bool,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """First-chunk time, delivered tokens and max lateness per request, plus ITL gaps of ok requests.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """First-chunk time, delivered tokens and max lateness per request (ITL gaps: core/metrics/itl.py).
 
     Lateness of token i is t_i - d_i with d_i = a + first + (i - 1)/V, where first = 1/V gives paper 003's
     eq. 4 (d_i = a + i/V) and a first-token allowance, if the profile sets one, replaces it. Inside one
@@ -101,12 +98,8 @@ def _chunk_pass(
     delivered = np.empty(n, dtype=np.int64)
     max_late = np.empty(n)
     if n == 0:
-        return first, delivered, max_late, np.empty(0)
+        return first, delivered, max_late
     counts_all = np.fromiter(map(len, times_list), dtype=np.int64, count=n)
-    # The gaps fill one array sized up front (each ok request has one gap fewer than chunks): collecting
-    # parts and concatenating them held every gap twice at the peak.
-    itl = np.empty(int((counts_all[ok] - 1).sum()) if collect_itl else 0)
-    itl_filled = 0
     ends_all = np.cumsum(counts_all)
     lo = 0
     while lo < n:
@@ -135,55 +128,8 @@ def _chunk_pass(
         deadline = token_due_s(arrival[lo:hi][seg], before, smooth)
         max_late[lo:hi] = np.maximum.reduceat(flat_t - deadline, starts)
         first[lo:hi] = flat_t[starts]
-        if collect_itl:
-            itl_filled = _fill_gaps(itl, itl_filled, flat_t, starts, counts, ok[lo:hi])
         lo = hi
-    return first, delivered, max_late, itl
-
-
-def _fill_gaps(
-    itl: np.ndarray, filled: int, flat_t: np.ndarray, starts: np.ndarray, counts: np.ndarray, batch_ok: np.ndarray
-) -> int:
-    """Write the ITL gaps of a batch of concatenated chunk times into itl[filled:]; returns the new fill."""
-    if len(flat_t) < 2:
-        return filled
-    gaps = np.diff(flat_t)
-    # A gap counts only inside one request (not across the seam to the next) of an ok request.
-    keep = np.ones(len(gaps), dtype=bool)
-    keep[starts[1:] - 1] = False  # the seams: gap j joins chunk j to chunk j + 1 = the next start
-    if not batch_ok.all():
-        keep &= np.repeat(batch_ok, counts)[1:]
-    kept = gaps[keep]
-    itl[filled : filled + len(kept)] = kept
-    return filled + len(kept)
-
-
-def itl_gaps(records: Sequence[RequestRecord], ok: np.ndarray) -> np.ndarray:
-    """The ITL gaps `compute_outcomes(records, collect_itl=True).itl_s` gives, in the same order, without
-    judging the records again (`summarize` with outcomes the live window already computed). Only ok
-    records with two chunks or more have gaps (a record that was not streamed has one chunk)."""
-    times_list = [
-        times
-        for rec, is_ok in zip(records, ok.tolist(), strict=True)
-        if is_ok and (times := rec.chunk_times) is not None and len(times) > 1
-    ]
-    n = len(times_list)
-    counts_all = np.fromiter(map(len, times_list), dtype=np.int64, count=n)
-    itl = np.empty(int((counts_all - 1).sum()))
-    filled = 0
-    ends_all = np.cumsum(counts_all)
-    all_ok = np.ones(n, dtype=bool)
-    lo = 0
-    while lo < n:
-        base = ends_all[lo - 1] if lo else 0
-        hi = max(int(np.searchsorted(ends_all, base + _CHUNK_BATCH, side="right")), lo + 1)
-        counts = counts_all[lo:hi]
-        starts = np.zeros(hi - lo, dtype=np.int64)
-        np.cumsum(counts[:-1], out=starts[1:])
-        flat_t = np.concatenate(times_list[lo:hi]).astype(float, copy=False)
-        filled = _fill_gaps(itl, filled, flat_t, starts, counts, all_ok[lo:hi])
-        lo = hi
-    return itl
+    return first, delivered, max_late
 
 
 def compute_outcomes(
@@ -191,7 +137,6 @@ def compute_outcomes(
     *,
     fallback_slo: SLOSpec | RequestSLO,
     smooth: SmoothGoodputSpec,
-    collect_itl: bool = True,
 ) -> RequestOutcomes:
     """Judge every record given (the caller has already dropped warm-up records)."""
     fallback = _slo_tuple(fallback_slo)
@@ -249,9 +194,7 @@ def compute_outcomes(
     slo_e2e, slo_ttft, slo_tpot = slo_a[:, 0], slo_a[:, 1], slo_a[:, 2]
 
     rows = np.array(chunk_rows, dtype=np.int64)
-    first_c, delivered_c, late_c, itl = _chunk_pass(
-        times_list, tokens_list, arrival_a[rows], ok[rows], smooth, collect_itl
-    )
+    first_c, delivered_c, late_c = _chunk_pass(times_list, tokens_list, arrival_a[rows], smooth)
     first = np.full(n, NAN)
     first[rows] = first_c
     delivered = np.zeros(n, dtype=np.int64)
@@ -296,40 +239,64 @@ def compute_outcomes(
         attained=attained,
         idle_s=idle,
         benefit=benefit,
-        itl_s=itl,
     )
 
 
-def gather_outcomes(parts: Sequence[RequestOutcomes], order: np.ndarray) -> RequestOutcomes:
-    """Outcomes judged in parts, concatenated and taken in `order` (positions into the concatenation): the
-    columns `compute_outcomes` gives for the records in that order, task codes by first appearance as there.
-    No ITL gaps (`itl_gaps` gives them)."""
-    names: dict[str, int] = {}
-    codes = []
-    for part in parts:
-        to_global = np.array([names.setdefault(name, len(names)) for name in part.task_names], dtype=np.int64)
-        codes.append(to_global[part.task_code] if len(to_global) else part.task_code)
-    global_code = np.concatenate(codes)[order]
-    present, first_seen = np.unique(global_code, return_index=True)
-    by_appearance = present[np.argsort(first_seen)]
-    recode = np.empty(len(names), dtype=np.int64)
-    recode[by_appearance] = np.arange(len(by_appearance))
-    global_names = list(names)
+class OutcomeStore:
+    """Outcomes judged in batches, appended into growing columns in the order the batches came: what the live
+    window keeps so that the run's summary takes them without judging the records again. Columns are filled in
+    place (capacity doubles), so handing them over copies nothing."""
 
-    def column(name: str) -> np.ndarray:
-        return np.concatenate([getattr(part, name) for part in parts])[order]
+    def __init__(self) -> None:
+        self._columns: dict[str, np.ndarray] = {}
+        self._n = 0
+        self._task_codes: dict[str, int] = {}  # across batches, by first appearance
 
-    return RequestOutcomes(
-        **{name: column(name) for name in _PER_REQUEST_COLUMNS},
-        task_code=recode[global_code],
-        task_names=[global_names[code] for code in by_appearance],
-        itl_s=np.empty(0),
-    )
+    def __len__(self) -> int:
+        return self._n
+
+    def append(self, part: RequestOutcomes) -> None:
+        to_global = np.array(
+            [self._task_codes.setdefault(name, len(self._task_codes)) for name in part.task_names], dtype=np.int64
+        )
+        values = {name: getattr(part, name) for name in _PER_REQUEST_COLUMNS}
+        values["task_code"] = to_global[part.task_code] if len(to_global) else part.task_code
+        m, n = len(part), self._n
+        capacity = len(self._columns["task_code"]) if self._columns else 0
+        if n + m > capacity:
+            capacity = max(2 * capacity, n + m, 1024)
+            for name, value in values.items():
+                grown = np.empty(capacity, dtype=value.dtype)
+                if name in self._columns:
+                    grown[:n] = self._columns[name][:n]
+                self._columns[name] = grown
+        for name, value in values.items():
+            self._columns[name][n : n + m] = value
+        self._n = n + m
+
+    def gather(self, order: np.ndarray | None) -> RequestOutcomes:
+        """The outcomes taken in `order` (positions in the store; None: as stored, as views): the columns
+        `compute_outcomes` gives for the records in that order, task codes by first appearance as there."""
+        n = self._n
+
+        def column(name: str) -> np.ndarray:
+            stored = self._columns[name][:n]
+            return stored if order is None else stored[order]
+
+        global_code = column("task_code")
+        present, first_seen = np.unique(global_code, return_index=True)
+        by_appearance = present[np.argsort(first_seen)]
+        recode = np.empty(len(self._task_codes), dtype=np.int64)
+        recode[by_appearance] = np.arange(len(by_appearance))
+        global_names = list(self._task_codes)
+        return RequestOutcomes(
+            **{name: column(name) for name in _PER_REQUEST_COLUMNS},
+            task_code=recode[global_code],
+            task_names=[global_names[code] for code in by_appearance],
+        )
 
 
-_PER_REQUEST_COLUMNS = tuple(
-    name for name in RequestOutcomes.__slots__ if name not in ("task_code", "task_names", "itl_s")
-)
+_PER_REQUEST_COLUMNS = tuple(name for name in RequestOutcomes.__slots__ if name not in ("task_code", "task_names"))
 
 
 def idle_latency_s(record: RequestRecord, smooth: SmoothGoodputSpec) -> float:

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from core.metrics.outcomes import NAN, STATUSES, RequestOutcomes, compute_outcomes, itl_gaps
+from core.metrics.itl import GapSeries, itl_summary
+from core.metrics.outcomes import NAN, STATUSES, RequestOutcomes, compute_outcomes
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord
 
@@ -190,12 +191,12 @@ def summarize(
     measured = [rec for rec in records if not rec.warmup]
     out = judged(measured, slo, smooth) if judged is not None else None
     if out is None:
-        out = compute_outcomes(measured, fallback_slo=slo, smooth=smooth, collect_itl=True)
-    else:
-        out.itl_s = itl_gaps(measured, out.ok)
+        out = compute_outcomes(measured, fallback_slo=slo, smooth=smooth)
     window = float(window_s) if window_s is not None else measurement_window_s(out)
 
     ok = out.ok
+    # First, while no other per-request temporaries are alive: the ITL blocks are the summary's peak.
+    itl_mean, itl_p = itl_summary(GapSeries(measured, ok), PERCENTILES)
     requests = len(out)
     completed = int(ok.sum())
     status_counts = np.bincount(out.status_code[~ok], minlength=len(STATUSES))
@@ -207,8 +208,6 @@ def summarize(
     e2e_p = percentiles(e2e)
     ttft_p = percentiles(ttft)
     tpot_p = percentiles(tpot)
-    itl_mean = _mean(out.itl_s)  # before the in-place partition below reorders the gaps
-    itl_p = percentiles(out.itl_s, overwrite_input=True)
     output_tokens = int(out.output_tokens[ok].sum())
     defined_idle = _defined(out.idle_s)
 

@@ -14,6 +14,7 @@ do not read as a slump.
 from __future__ import annotations
 
 import math
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from core.metrics.outcomes import RequestOutcomes, compute_outcomes, gather_outcomes
+from core.metrics.outcomes import OutcomeStore, RequestOutcomes, compute_outcomes
 from core.metrics.summary import NAN, _json_ready, percentiles
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord
@@ -97,7 +98,7 @@ class WindowedAggregator:
         # keep_outcomes: every batch's outcomes and records, so that the run's summary reuses them (`judged`)
         # instead of judging every record a second time.
         self._keep = keep_outcomes
-        self._kept: list[RequestOutcomes] = []
+        self._kept = OutcomeStore()
         self._kept_records: list[RequestRecord] = []
 
     def add(self, record: RequestRecord) -> None:
@@ -116,7 +117,7 @@ class WindowedAggregator:
     def _flush(self) -> None:
         if not self._pending:
             return
-        out = compute_outcomes(self._pending, fallback_slo=self.slo, smooth=self.smooth, collect_itl=False)
+        out = compute_outcomes(self._pending, fallback_slo=self.slo, smooth=self.smooth)
         if self._keep:
             self._kept.append(out)
             self._kept_records.extend(self._pending)
@@ -160,6 +161,8 @@ class WindowedAggregator:
             return None
         if slo != self.slo or smooth != self.smooth:
             return None
+        if all(map(operator.is_, records, self._kept_records)):
+            return self._kept.gather(None)  # the usual case: the records in the order they were added
         position = {id(rec): i for i, rec in enumerate(self._kept_records)}
         if len(position) != len(self._kept_records):
             return None  # a record added twice
@@ -167,7 +170,7 @@ class WindowedAggregator:
             order = np.fromiter((position[id(rec)] for rec in records), dtype=np.int64, count=len(records))
         except KeyError:
             return None  # a record the window never saw (e.g. cancelled at Ctrl-C)
-        return gather_outcomes(self._kept, order)
+        return self._kept.gather(order)
 
     def _evict(self, now_s: float) -> None:
         # Rows arrive roughly in end order; one that is out of order lingers until those before it go,

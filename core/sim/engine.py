@@ -294,19 +294,29 @@ class SimEngine:
         idle gap between samples adds nothing); power is the calibration's power model (PowerModel.power_w) at
         the busy share of the replicas' time since the previous sample."""
         power = self.calibration.power
-        running = sum(r.running for r in self.replicas)
-        busy_s = self.busy_s
+        replicas = self.replicas
+        if len(replicas) == 1:
+            # The sums below over one replica, without the generators (47k samples in a 100k run): 0 + x is x.
+            only = replicas[0]
+            running, busy_s, waiting = only.running, only.busy_s, len(only.waiting)
+            kv_usage, preemptions, generated = only.kv_usage, only.preemptions, only.generated_tokens
+        else:
+            running = sum(r.running for r in replicas)
+            busy_s = self.busy_s
+            waiting = sum(len(r.waiting) for r in replicas)
+            kv_usage = sum(r.kv_usage for r in replicas) / len(replicas)
+            preemptions, generated = self.preemptions, self.generated_tokens
         last_time_s, last_busy_s = getattr(self, "_last_sample", (0.0, 0.0))
         self._last_sample = (self.clock, busy_s)
-        span_s = (self.clock - last_time_s) * len(self.replicas)
+        span_s = (self.clock - last_time_s) * len(replicas)
         utilisation = min(1.0, (busy_s - last_busy_s) / span_s) if span_s > 0 else (1.0 if running else 0.0)
         return EngineSample(
             time_s=self.clock,
             running=running,
-            waiting=sum(len(r.waiting) for r in self.replicas) + len(self.clients.blocked) + self._held,
-            kv_usage=sum(r.kv_usage for r in self.replicas) / len(self.replicas),
-            preemptions_total=self.preemptions,
-            generated_tokens_total=int(self.generated_tokens),
+            waiting=waiting + len(self.clients.blocked) + self._held,
+            kv_usage=kv_usage,
+            preemptions_total=preemptions,
+            generated_tokens_total=int(generated),
             power_w=None if power is None else power.power_w(utilisation),
             extra={"busy_s": float(busy_s)},
         )

@@ -18,8 +18,9 @@ What it models (vLLM V1's scheduler, simplified):
 Why it is fast: the cost per engine step is O(1) in the batch size. A decoding request's finish step is
 known when it starts decoding (it emits a fixed number of tokens per step), so completions come off a heap
 keyed by step index; the KV total grows by a maintained sum each step; every step's end time is stored
-once in a shared array, and a request's token timeline is a view of that array (chunk i of a request is
-the step it decoded in). No per-token or per-request work happens inside a step.
+once in shared arrays (blocks of STEP_BLOCK steps), and a request's token timeline is a view of one (chunk i
+of a request is the step it decoded in; a copy for the few that span two blocks). No per-token or
+per-request work happens inside a step.
 Between two events an fcfs replica repeats one decode-only batch, and `run_decode_steps` runs such a
 stretch in one tight loop with the same arithmetic and noise draws as `step_once` (the engine's
 `reference=True` turns it off; tests/test_sim_fast_path.py holds the two equal).
@@ -45,7 +46,9 @@ from core.records import RequestSpec
 from core.step_time import StepTimeModel, expected_accepted_tokens
 
 NOISE_BLOCK = 65536
-INITIAL_STEPS = 1 << 16
+# Step end times are stored in blocks of this many steps. A grown single array kept every outgrown buffer alive
+# (records' chunk times are views into it), about as much again as the times themselves.
+STEP_BLOCK = 1 << 16
 
 
 class StallClock:
@@ -136,7 +139,10 @@ class EngineReplica:
 
         self.clock = 0.0
         self.step = 0
-        self.step_times = np.empty(INITIAL_STEPS)
+        # Step s ends at _step_blocks[s // STEP_BLOCK][s % STEP_BLOCK]; step_times is the block being filled.
+        self._step_blocks: list[np.ndarray] = [np.empty(STEP_BLOCK)]
+        self.step_times = self._step_blocks[0]
+        self._block_base = 0  # the step index of step_times[0]
         self.busy_s = 0.0
         self.preemptions = 0
         self.generated_tokens = 0.0
@@ -213,10 +219,29 @@ class EngineReplica:
         self.clock += dt
         self.busy_s += dt
         step = self.step
-        if step >= len(self.step_times):
-            self.step_times = np.concatenate([self.step_times, np.empty(len(self.step_times))])
-        self.step_times[step] = self.clock
+        if step - self._block_base >= STEP_BLOCK:
+            self._next_step_block()
+        self.step_times[step - self._block_base] = self.clock
         return step
+
+    def _next_step_block(self) -> None:
+        self.step_times = np.empty(STEP_BLOCK)
+        self._step_blocks.append(self.step_times)
+        self._block_base += STEP_BLOCK
+
+    def _step_span(self, first: int, last: int) -> np.ndarray:
+        """End times of steps first..last: a view when they share a block, else a copy."""
+        block, offset = divmod(first, STEP_BLOCK)
+        if last - first < STEP_BLOCK - offset:
+            return self._step_blocks[block][offset : offset + last - first + 1]
+        end_block, end_offset = divmod(last, STEP_BLOCK)
+        return np.concatenate(
+            [
+                self._step_blocks[block][offset:],
+                *self._step_blocks[block + 1 : end_block],
+                self._step_blocks[end_block][: end_offset + 1],
+            ]
+        )
 
     def _admits_head(self) -> bool:
         """Whether a step starting now would admit the first waiting request (step_once's admission test)."""
@@ -267,6 +292,7 @@ class EngineReplica:
         noise = self._noise
         i = self._noise_i
         times = self.step_times
+        base = self._block_base
         ran = 0
         while (
             step < first_finish
@@ -286,9 +312,11 @@ class EngineReplica:
             i += 1
             clock += dt
             busy += dt
-            if step >= len(times):
-                self.step_times = times = np.concatenate([times, np.empty(len(times))])
-            times[step] = clock
+            if step - base >= STEP_BLOCK:
+                self._next_step_block()
+                times = self.step_times
+                base = self._block_base
+            times[step - base] = clock
             kv += rate
             generated += rate
             step += 1
@@ -393,7 +421,7 @@ class EngineReplica:
     def _run_chunks(self, req: SimRequest, last_step: int, total_tokens: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Chunk times and sizes of one run of a request: its prefill step, then one chunk per decode step."""
         first = req.prefill_end_step
-        times = self.step_times[first : last_step + 1]
+        times = self._step_span(first, last_step)
         if req.tokens_per_step == 1.0:
             return times, None
         steps = last_step - first
@@ -418,7 +446,8 @@ class EngineReplica:
             runs = [*req.done_runs, (times, sizes)]
             times = np.concatenate([r[0] for r in runs])
             sizes = np.concatenate([r[1] if r[1] is not None else np.ones(len(r[0]), np.int64) for r in runs])
-        self.on_complete(req, float(self.step_times[step]), times, sizes)
+        block, offset = divmod(step, STEP_BLOCK)
+        self.on_complete(req, float(self._step_blocks[block][offset]), times, sizes)
 
     def _preempt_until_fits(self, step: int) -> None:
         """Recompute preemption of the newest running requests until the KV cache fits (vLLM V1)."""

@@ -1,0 +1,195 @@
+"""The run's inter-token latency (ITL) summary, exact, without holding every gap at once.
+
+An ITL gap is the time between two consecutive chunks of one ok request (vllm bench serve's ITL). A 100k-request
+run has about 21M of them, and one array of them was the largest thing a summary held (168 MB at 100k, 1.7 GB at
+1M). Here the gaps are generated block by block from the records' chunk times, in the order the array had, and
+the summary is the same to the bit as numpy's over that array:
+
+- the mean is `np.mean(gaps)`: numpy sums a contiguous float64 array pairwise (split at n/2 rounded down to a
+  multiple of 8, down to blocks of 128); `_pairwise_sum` follows the same splits down to blocks of at most
+  `_LEAF` gaps and lets numpy sum each block, which is exactly the subtree numpy would have summed there;
+- the percentiles are `np.percentile(gaps, q, method="linear")`: the two order statistics around each virtual
+  index (q * (n - 1)) are found by selection (a histogram of the values' leading bits over all gaps, then the
+  exact rank among the few values that share the wanted bins), and interpolated with numpy's formula (`_lerp`).
+
+tests/test_metrics_itl.py holds both equal to numpy's over the materialised array.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+
+from core.records import RequestRecord
+
+NAN = float("nan")
+
+# Gaps materialised at once: 256 kB of float64 per block (the summary's peak holds a few such temporaries).
+# At least numpy's pairwise block (128): below it numpy no longer splits (it sums with eight accumulators), so a
+# smaller leaf would not be one of its subtrees.
+_LEAF = 1 << 15
+# Histogram bins: the top 20 bits of a value's order-preserving integer key (sign, exponent, 8 mantissa bits),
+# so one bin spans 1/256 of a binade and holds few of the gaps. Only the span of bins the values reach is
+# counted (a few thousand for latencies; 2^20, 8 MB, at the very most).
+_BIN_SHIFT = 44
+
+
+class GapSeries:
+    """The ITL gaps of ok records, in record order, as a virtual array readable in blocks."""
+
+    def __init__(self, records: Sequence[RequestRecord], ok: np.ndarray) -> None:
+        self._times = [
+            times
+            for rec, is_ok in zip(records, ok.tolist(), strict=True)
+            if is_ok and (times := rec.chunk_times) is not None and len(times) > 1
+        ]
+        # Gaps of each record, and where each record's gaps end in the virtual array.
+        self._ends = np.cumsum(np.fromiter((len(t) - 1 for t in self._times), dtype=np.int64, count=len(self._times)))
+
+    def __len__(self) -> int:
+        return int(self._ends[-1]) if len(self._ends) else 0
+
+    def block(self, lo: int, hi: int) -> np.ndarray:
+        """Gaps [lo, hi) of the virtual array."""
+        ends = self._ends
+        first = int(np.searchsorted(ends, lo, side="right"))
+        last = int(np.searchsorted(ends, hi, side="left")) + 1  # records first..last-1 hold the range
+        times = self._times[first:last]
+        counts = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
+        flat = np.concatenate(times).astype(float, copy=False)
+        gaps = np.diff(flat)
+        # Gap j joins chunk j to chunk j + 1; the seams between two records are not gaps.
+        keep = np.ones(len(gaps), dtype=bool)
+        keep[np.cumsum(counts[:-1]) - 1] = False
+        gaps = gaps[keep]
+        offset = lo - (int(ends[first - 1]) if first else 0)
+        return gaps[offset : offset + (hi - lo)]
+
+    def blocks(self) -> Iterator[np.ndarray]:
+        """The whole series, in blocks of at most _LEAF gaps laid out as `_pairwise_sum` splits it."""
+        for lo, n in _leaves(0, len(self)):
+            yield self.block(lo, lo + n)
+
+
+def _leaves(lo: int, n: int) -> Iterator[tuple[int, int]]:
+    """numpy's pairwise-summation splits of [lo, lo + n), down to ranges of at most _LEAF (left to right)."""
+    if n <= _LEAF:
+        yield lo, n
+        return
+    half = n // 2
+    half -= half % 8
+    yield from _leaves(lo, half)
+    yield from _leaves(lo + half, n - half)
+
+
+def _pairwise_sum(leaf_sums: Iterator[float], lo: int, n: int) -> float:
+    """numpy's pairwise sum of [lo, lo + n) given the sums of its leaves in order (see `_leaves`)."""
+    if n <= _LEAF:
+        return next(leaf_sums)
+    half = n // 2
+    half -= half % 8
+    left = _pairwise_sum(leaf_sums, lo, half)
+    return left + _pairwise_sum(leaf_sums, lo + half, n - half)
+
+
+def _order_key(values: np.ndarray) -> np.ndarray:
+    """int64 keys in the order of the float64 values (negative values' magnitude bits flipped)."""
+    bits = values.view(np.int64)
+    return bits ^ ((bits >> 63) & np.int64(0x7FFFFFFFFFFFFFFF))
+
+
+def _bins(values: np.ndarray) -> np.ndarray:
+    return _order_key(values) >> _BIN_SHIFT
+
+
+class _BinCounts:
+    """How many values fall in each bin, over the span of bins seen so far (bin `first` is counts[0])."""
+
+    def __init__(self) -> None:
+        self.first = 0
+        self.counts = np.zeros(0, dtype=np.int64)
+
+    def add(self, bins: np.ndarray) -> None:
+        if not len(bins):
+            return
+        lo, hi = int(bins.min()), int(bins.max())
+        if not len(self.counts):
+            self.first, self.counts = lo, np.zeros(hi - lo + 1, dtype=np.int64)
+        last = self.first + len(self.counts) - 1
+        if lo < self.first or hi > last:
+            first = min(lo, self.first)
+            grown = np.zeros(max(hi, last) - first + 1, dtype=np.int64)
+            grown[self.first - first : self.first - first + len(self.counts)] = self.counts
+            self.first, self.counts = first, grown
+        self.counts += np.bincount(bins - self.first, minlength=len(self.counts))
+
+
+def linear_percentiles(
+    n: int, qs: Sequence[float], order_stats: Callable[[list[int]], dict[int, float]]
+) -> list[float]:
+    """np.percentile(values, qs, method="linear") of n values given their order statistics (rank -> value)."""
+    quantiles = np.true_divide(np.asarray(qs, dtype=float), 100)
+    virtual = ((n - 1) * quantiles).tolist()
+    ranks: list[tuple[int, int, float]] = []
+    for v in virtual:
+        below = math.floor(v)
+        if v >= n - 1:
+            ranks.append((n - 1, n - 1, v - below))
+        else:
+            ranks.append((below, below + 1, v - below))
+    found = order_stats(sorted({r for pair in ranks for r in pair[:2]}))
+    result = []
+    for below, above, gamma in ranks:
+        a, b = found[below], found[above]
+        diff = b - a
+        result.append(b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma)
+    return result
+
+
+def itl_summary(series: GapSeries, qs: Sequence[float]) -> tuple[float, tuple[float, ...]]:
+    """(mean, percentiles at qs) of the series' gaps, as numpy gives them over the whole array; NaN if empty."""
+    n = len(series)
+    if n == 0:
+        return NAN, tuple(NAN for _ in qs)
+    counts = _BinCounts()
+    has_nan = False
+    leaf_sums: list[float] = []
+    for gaps in series.blocks():
+        leaf_sums.append(np.add.reduce(gaps))
+        if math.isnan(leaf_sums[-1]):  # a NaN gap, or infinities of both signs
+            has_nan = has_nan or bool(np.isnan(gaps).any())
+        counts.add(_bins(gaps))
+    mean = float(_pairwise_sum(iter(leaf_sums), 0, n) / n)
+    if has_nan:
+        # numpy's percentiles of an array holding a NaN are NaN.
+        return mean, tuple(NAN for _ in qs)
+    return mean, tuple(linear_percentiles(n, qs, lambda ranks: _select(series, counts, ranks)))
+
+
+def _select(series: GapSeries, histogram: _BinCounts, ranks: list[int]) -> dict[int, float]:
+    """The values at the given ranks (0-based, ascending order) of the series, given its bin histogram: the
+    values of the bins that hold those ranks are gathered (into arrays of the size the histogram gives) and
+    partitioned in place."""
+    up_to = np.cumsum(histogram.counts)  # values in bins up to each bin
+    position_of = {rank: int(np.searchsorted(up_to, rank, side="right")) for rank in ranks}  # in the histogram
+    positions = sorted(set(position_of.values()))
+    # Which gathered bin each histogram bin is (-1: none), looked up by each gap's bin.
+    slot_of_bin = np.full(len(histogram.counts), -1, dtype=np.int32)
+    slot_of_bin[positions] = np.arange(len(positions))
+    members = [np.empty(int(histogram.counts[p])) for p in positions]
+    filled = [0] * len(positions)
+    for gaps in series.blocks():
+        slot = slot_of_bin[_bins(gaps) - histogram.first]
+        for j in range(len(positions)):
+            found = gaps[slot == j]
+            members[j][filled[j] : filled[j] + len(found)] = found
+            filled[j] += len(found)
+    result = {}
+    for j, p in enumerate(positions):
+        below = int(up_to[p] - histogram.counts[p])  # values in the bins before this one
+        ks = sorted(rank - below for rank, q in position_of.items() if q == p)
+        members[j].partition(ks)
+        result.update({below + k: float(members[j][k]) for k in ks})
+    return result

@@ -1,0 +1,102 @@
+"""The streamed ITL summary (core/metrics/itl.py) equals numpy's over the materialised gap array, to the bit."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from core.metrics import itl
+from core.metrics.summary import PERCENTILES
+from core.records import RequestRecord, Status
+from tests.test_metrics import rec
+
+
+def _records(rng: np.random.Generator, n: int, draw_gap) -> list[RequestRecord]:
+    out = []
+    for i in range(n):
+        chunks = int(rng.integers(0, 60))
+        times = None if chunks == 0 else np.cumsum(draw_gap(chunks))
+        status = Status.ERROR if rng.random() < 0.1 else Status.OK
+        out.append(rec(i, chunks=times, status=status))
+    return out
+
+
+def _materialised(records: list[RequestRecord]) -> np.ndarray:
+    parts = [np.diff(r.chunk_times) for r in records if r.ok and r.chunk_times is not None]
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+def _numpy_summary(records: list[RequestRecord]) -> tuple[float, tuple[float, ...]]:
+    gaps = _materialised(records)
+    if not len(gaps):
+        return math.nan, tuple(math.nan for _ in PERCENTILES)
+    return float(np.mean(gaps)), tuple(float(v) for v in np.percentile(gaps, PERCENTILES))
+
+
+def _streamed(records: list[RequestRecord]) -> tuple[float, tuple[float, ...]]:
+    ok = np.array([r.ok for r in records], dtype=bool)
+    return itl.itl_summary(itl.GapSeries(records, ok), PERCENTILES)
+
+
+def _same(a: tuple[float, tuple[float, ...]], b: tuple[float, tuple[float, ...]]) -> bool:
+    flat_a, flat_b = [a[0], *a[1]], [b[0], *b[1]]
+    return all(
+        (x == y and math.copysign(1, x) == math.copysign(1, y)) or (math.isnan(x) and math.isnan(y))
+        for x, y in zip(flat_a, flat_b, strict=True)
+    )
+
+
+GAP_DRAWS = {
+    "lognormal": lambda rng: lambda k: rng.lognormal(-3.5, 0.6, k),
+    # The simulator's case: few distinct step durations, each repeated by every request decoding across it.
+    "repeated": lambda rng: lambda k: rng.choice(rng.lognormal(-3.5, 0.3, 7), k),
+    "signed": lambda rng: lambda k: rng.normal(0.0, 1.0, k),  # negative gaps and times going back
+    "integers": lambda rng: lambda k: rng.integers(0, 3, k).astype(float),  # exact zeros, ties at the ranks
+}
+
+
+@pytest.mark.parametrize("draw", sorted(GAP_DRAWS))
+@pytest.mark.parametrize(("leaf", "bin_shift"), [(128, 44), (200, 60), (1 << 15, 44)])
+def test_streamed_summary_equals_numpy_over_the_whole_array(
+    draw: str, leaf: int, bin_shift: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Small leaves (numpy's 128-element block is the least) walk numpy's pairwise splits many levels deep; a
+    # coarse histogram puts many values per bin.
+    monkeypatch.setattr(itl, "_LEAF", leaf)
+    monkeypatch.setattr(itl, "_BIN_SHIFT", bin_shift)
+    for seed in range(4):
+        rng = np.random.default_rng(seed)
+        records = _records(rng, int(rng.integers(1, 400)), GAP_DRAWS[draw](rng))
+        assert _same(_streamed(records), _numpy_summary(records)), (draw, seed)
+
+
+def test_a_million_gaps_sum_like_numpy() -> None:
+    """Past numpy's 128-element blocks and several real leaves: the pairwise splits must line up."""
+    rng = np.random.default_rng(7)
+    records = [rec(i, chunks=np.cumsum(rng.lognormal(-3.5, 0.6, 1 + int(rng.integers(1, 400))))) for i in range(6000)]
+    assert len(_materialised(records)) > 4 * itl._LEAF
+    assert _same(_streamed(records), _numpy_summary(records))
+
+
+def test_linear_percentiles_follow_numpy_for_every_size() -> None:
+    rng = np.random.default_rng(3)
+    qs = (0.0, 1.0, 12.5, 33.3, 50.0, 66.7, 90.0, 95.0, 99.0, 99.9, 100.0)
+    for n in [*range(1, 300), 1021, 65537, 999_983]:
+        values = np.sort(rng.lognormal(0.0, 2.0, n))
+        got = itl.linear_percentiles(n, qs, lambda ranks, v=values: {r: float(v[r]) for r in ranks})
+        assert got == [float(x) for x in np.percentile(values, qs)], n
+
+
+def test_nan_gap_gives_nan_percentiles_as_numpy() -> None:
+    records = [rec(0, chunks=[0.0, 0.1, math.nan, 0.4]), rec(1, chunks=[1.0, 1.5])]
+    streamed = _streamed(records)
+    assert _same(streamed, _numpy_summary(records))
+    assert all(math.isnan(v) for v in streamed[1])
+
+
+def test_no_gaps() -> None:
+    records = [rec(0, chunks=[0.3]), rec(1), rec(2, chunks=[1.0, 2.0], status=Status.ERROR)]
+    mean, ps = _streamed(records)
+    assert math.isnan(mean) and all(math.isnan(v) for v in ps)
