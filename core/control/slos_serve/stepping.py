@@ -59,6 +59,7 @@ class SlosServeStepPlanner:
         self.wants_acceptance = settings.max_spec_len > 0
         self.replica: Any = None  # the StepwiseReplica it last planned for
         self._fixed: dict[Any, tuple[float, float, bool, int]] = {}  # StepRequest -> _deadlines(it)
+        self._tasks: dict[Any, DecodeTask] = {}  # StepRequest -> its DecodeTask, reused step after step
 
     def _deadlines(self, item: Any) -> tuple[float, float, bool, int]:
         """(prefill deadline, TPOT, best effort, request id) of a StepRequest. Fixed for as long as the request
@@ -77,16 +78,13 @@ class SlosServeStepPlanner:
         return known
 
     def _forget(self, replica: Any) -> None:
-        """Keep `_fixed` to the requests still in the replica (amortised: only once it has doubled)."""
+        """Keep `_fixed` and `_tasks` to the requests still in the replica (amortised: once they have doubled)."""
         live = len(replica.waiting) + len(replica.prefilling) + len(replica.decoding)
         if len(self._fixed) > 2 * live + 64:
-            fixed = self._fixed
-            self._fixed = {
-                item: fixed[item]
-                for queue in (replica.waiting, replica.prefilling, replica.decoding)
-                for item in queue
-                if item in fixed
-            }
+            queues = (replica.waiting, replica.prefilling, replica.decoding)
+            fixed, tasks = self._fixed, self._tasks
+            self._fixed = {item: fixed[item] for queue in queues for item in queue if item in fixed}
+            self._tasks = {item: tasks[item] for queue in queues for item in queue if item in tasks}
 
     def plan(self, replica: Any, now: float) -> Any:
         self.replica = replica
@@ -98,6 +96,7 @@ class SlosServeStepPlanner:
         tpots: set[float] = set()
         behind: set[int] = set()
         deadlines = self._deadlines
+        tasks = self._tasks
         for item in replica.decoding:
             if evicted and id(item) in evicted:
                 continue
@@ -106,7 +105,13 @@ class SlosServeStepPlanner:
             first = times[0] if times else now
             due = first + (item.req.spec.output_tokens - item.out_left) * tpot  # item.generated, inline
             by_id[rid] = item
-            decodes.append(DecodeTask(rid, tpot, due, item.out_left, best_effort))
+            task = tasks.get(item)
+            if task is None:
+                task = tasks[item] = DecodeTask(rid, tpot, due, item.out_left, best_effort)
+            else:  # the same request's task from the last step, brought up to date (form_batch only reads it)
+                task.next_due_s = due
+                task.tokens_left = item.out_left
+            decodes.append(task)
             if not best_effort:
                 tpots.add(tpot)
                 if due < now:
