@@ -98,27 +98,30 @@ class BudgetModel:
         long it holds its KV cache) for little more throughput."""
         ctx, seqs = self.context_tokens, self.sequences
         step_time = self.model.step_time
-        goal = self.knee_efficiency * most / step_time(most, ctx, spec_steps, seqs)  # type: ignore[operator]
+        longest = step_time(most, ctx, spec_steps, seqs)
+        goal = self.knee_efficiency * most / longest  # type: ignore[operator]
         high = int(most)
-        guess = _knee_estimate(self.model, goal, ctx, spec_steps, seqs)
+        guess = _knee_estimate(self.model, goal, longest, ctx, spec_steps, seqs)
         if guess is None:
             return float(bisect_knee(self.model, goal, high, ctx, spec_steps, seqs))
 
         def enough(tokens: int) -> bool:
             return tokens / step_time(tokens, ctx, spec_steps, seqs) >= goal
 
-        # With a fixed cost in every roofline term, tokens / step_time(tokens) rises with the batch by far more
-        # than float rounding, so `enough` flips once and the bisection's answer is the smallest batch where it
-        # holds. Solved per term, then confirmed on `enough` itself and moved a token at a time: the same
-        # answer from a few step times instead of a dozen (this runs at every engine step).
+        # With every roofline term's fixed cost at least a millionth of the longest step, tokens / step_time
+        # rises from one batch size to the next by far more than float rounding can move it, so `enough`
+        # flips once and the bisection's answer is the smallest batch where it holds. Solved per term, then
+        # confirmed on `enough` itself and moved a token at a time: the same answer from a few step times
+        # instead of a dozen (this runs at every engine step).
         tokens = min(max(guess, 1), high)
         if enough(tokens):
             while tokens > 1 and enough(tokens - 1):
                 tokens -= 1
         else:
-            tokens += 1
-            while tokens < high and not enough(tokens):
+            while tokens < high:
                 tokens += 1
+                if enough(tokens):
+                    break
         return float(tokens)
 
     def _gain(self, spec_len: int) -> float:
@@ -198,16 +201,17 @@ def bisect_knee(
 
 
 def _knee_estimate(
-    model: StepTimeModel, goal: float, context_tokens: float, spec_steps: int, sequences: int
+    model: StepTimeModel, goal: float, longest_s: float, context_tokens: float, spec_steps: int, sequences: int
 ) -> int | None:
     """Where tokens / step_time(tokens) reaches `goal` on the real numbers: for each term, tokens >= goal x
-    fixed / (1 - goal x per_token). None where a term has no fixed cost: its tokens / step_time is flat, only
-    float rounding moves it, and the bisection's answer is whatever those roundings make it."""
+    fixed / (1 - goal x per_token). None where a term's fixed cost is (next to) nothing against the longest
+    step: its tokens / step_time is flat, only float rounding moves it, and the bisection's answer is
+    whatever those roundings make it."""
     need = 1.0
     for base, per_token, per_ctx, per_spec, per_seq in model.terms:
         fixed = base + per_ctx * context_tokens + per_spec * spec_steps + per_seq * sequences
         room = 1.0 - goal * per_token
-        if not fixed > 0.0 or not room > 0.0:
+        if not fixed * 1e6 >= longest_s or not room > 0.0:
             return None
         need = max(need, goal * fixed / room)
     return math.ceil(need) if need < 2.0**62 else None
