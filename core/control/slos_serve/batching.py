@@ -14,6 +14,7 @@ that finishes sooner frees its KV cache sooner), then prefill takes the rest; th
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -38,6 +39,10 @@ class PrefillTask:
     best_effort: bool = False
     tpot_s: float = 0.0  # its decode SLO once the prefill is done (schedule_batches)
     decode_tokens: int = 0
+
+
+_DUE = operator.attrgetter("next_due_s")
+_DEADLINE = operator.attrgetter("deadline_s")
 
 
 @dataclass(slots=True)
@@ -72,7 +77,7 @@ def form_batch(
     batch = StepBatch(now, plan.batch_time_s, int(plan.batch_tokens))
     left = batch.token_budget
     end = now + plan.batch_time_s
-    slo_decodes = sorted((d for d in decoding if not d.best_effort and d.tokens_left > 0), key=lambda d: d.next_due_s)
+    slo_decodes = sorted([d for d in decoding if not d.best_effort and d.tokens_left > 0], key=_DUE)
     later: list[DecodeTask] = []
     # Algorithm 2, lines 8-13: EDF over the decodes whose next token would be late if it waited for the
     # next batch (one due before that batch could end).
@@ -86,7 +91,7 @@ def form_batch(
             break
         batch.decode[d.request_id] = need
         left -= need
-    slo_prefills = sorted((p for p in prefilling if not p.best_effort), key=lambda p: p.deadline_s)
+    slo_prefills = sorted([p for p in prefilling if not p.best_effort], key=_DEADLINE)
     if work_conserving:
         # Prefill that cannot wait (at `urgency` x the least rate that meets every prefill deadline), then
         # the decodes not yet due (finished sooner, they free their KV sooner), then the rest of the prefill.

@@ -17,6 +17,7 @@ deadlines; the per-step batch formation (batching.py) turns the same plan into c
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,7 +76,7 @@ class BudgetModel:
         self.max_spec_len = max_spec_len if acceptance > 0.0 else 0
         self.acceptance = acceptance
         self._plans: dict[int, DecodePlan] = {}
-        self._idle = self._batch(None, 0)
+        self._idle: tuple[float, float] | None = None  # the largest batch allowed (no decodes), when first asked
         reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
         self.spec_len = self._choose_speculation(reference)
 
@@ -96,16 +97,32 @@ class BudgetModel:
         Beyond the roofline's knee a bigger batch only lengthens the step (every request's TPOT, and so how
         long it holds its KV cache) for little more throughput."""
         ctx, seqs = self.context_tokens, self.sequences
-        model = self.model
-        goal = self.knee_efficiency * most / model.step_time(most, ctx, spec_steps, seqs)  # type: ignore[operator]
-        low, high = 1, int(most)
-        while low < high:
-            middle = (low + high) // 2
-            if middle / model.step_time(middle, ctx, spec_steps, seqs) >= goal:
-                high = middle
-            else:
-                low = middle + 1
-        return float(low)
+        step_time = self.model.step_time
+        longest = step_time(most, ctx, spec_steps, seqs)
+        goal = self.knee_efficiency * most / longest  # type: ignore[operator]
+        high = int(most)
+        guess = _knee_estimate(self.model, goal, longest, ctx, spec_steps, seqs)
+        if guess is None:
+            return float(bisect_knee(self.model, goal, high, ctx, spec_steps, seqs))
+
+        def enough(tokens: int) -> bool:
+            return tokens / step_time(tokens, ctx, spec_steps, seqs) >= goal
+
+        # With every roofline term's fixed cost at least a millionth of the longest step, tokens / step_time
+        # rises from one batch size to the next by far more than float rounding can move it, so `enough`
+        # flips once and the bisection's answer is the smallest batch where it holds. Solved per term, then
+        # confirmed on `enough` itself and moved a token at a time: the same answer from a few step times
+        # instead of a dozen (this runs at every engine step).
+        tokens = min(max(guess, 1), high)
+        if enough(tokens):
+            while tokens > 1 and enough(tokens - 1):
+                tokens -= 1
+        else:
+            while tokens < high:
+                tokens += 1
+                if enough(tokens):
+                    break
+        return float(tokens)
 
     def _gain(self, spec_len: int) -> float:
         return expected_accepted_tokens(self.acceptance, spec_len) if spec_len else 1.0
@@ -113,6 +130,8 @@ class BudgetModel:
     def _evaluate(self, members: Sequence[int], lengths: Sequence[int]) -> DecodePlan:
         """The batch plan for populated tiers `members` verifying `lengths[t]` drafts per request of tier t."""
         if not members:
+            if self._idle is None:
+                self._idle = self._batch(None, 0)
             tokens, duration = self._idle
             return DecodePlan(duration, tokens, (0,) * len(self.tiers), (1.0,) * len(self.tiers))
         # The batch may last until the tightest tier's request would fall behind its pace (sec. 3.2.3;
@@ -165,3 +184,34 @@ class BudgetModel:
         """Prefill tokens per second left while `counts[l]` requests decode in tier l at their TPOT
         (negative: the decodes alone do not fit)."""
         return self._rate(self.plan(populated), counts)
+
+
+def bisect_knee(
+    model: StepTimeModel, goal: float, most: int, context_tokens: float, spec_steps: int, sequences: int
+) -> int:
+    """The knee by definition: a bisection over 1..most for the smallest batch with tokens / step_time >= goal."""
+    low, high = 1, most
+    while low < high:
+        middle = (low + high) // 2
+        if middle / model.step_time(middle, context_tokens, spec_steps, sequences) >= goal:
+            high = middle
+        else:
+            low = middle + 1
+    return low
+
+
+def _knee_estimate(
+    model: StepTimeModel, goal: float, longest_s: float, context_tokens: float, spec_steps: int, sequences: int
+) -> int | None:
+    """Where tokens / step_time(tokens) reaches `goal` on the real numbers: for each term, tokens >= goal x
+    fixed / (1 - goal x per_token). None where a term's fixed cost is (next to) nothing against the longest
+    step: its tokens / step_time is flat, only float rounding moves it, and the bisection's answer is
+    whatever those roundings make it."""
+    need = 1.0
+    for base, per_token, per_ctx, per_spec, per_seq in model.terms:
+        fixed = base + per_ctx * context_tokens + per_spec * spec_steps + per_seq * sequences
+        room = 1.0 - goal * per_token
+        if not fixed * 1e6 >= longest_s or not room > 0.0:
+            return None
+        need = max(need, goal * fixed / room)
+    return math.ceil(need) if need < 2.0**62 else None

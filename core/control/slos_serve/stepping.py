@@ -39,6 +39,11 @@ from core.step_time import StepTimeModel
 PACE_MARGIN = 0.9
 
 
+def _queued(pair: tuple[Any, int]) -> bool:
+    """Sort key of BatchPlan.prefill entries: already-prefilling requests (admitted) before queued ones."""
+    return bool(pair[0].admitted_order < 0)
+
+
 class SlosServeStepPlanner:
     """Forms every batch of one simulated replica (see the module docstring)."""
 
@@ -53,83 +58,117 @@ class SlosServeStepPlanner:
         self.slos = slos  # ControlledRequest -> (TTFT SLO, TPOT SLO)
         self.wants_acceptance = settings.max_spec_len > 0
         self.replica: Any = None  # the StepwiseReplica it last planned for
+        self._fixed: dict[Any, tuple[float, float, bool, int]] = {}  # StepRequest -> _deadlines(it)
+        self._tasks: dict[Any, DecodeTask] = {}  # StepRequest -> its DecodeTask, reused step after step
 
-    def _deadlines(self, item: Any) -> tuple[float, float, bool]:
-        """(prefill deadline, TPOT, best effort) of a StepRequest."""
-        req = item.req
-        controlled = req.controlled
-        ttft, tpot = self.slos(controlled) if controlled is not None else (1.0, 0.1)
-        tpot *= PACE_MARGIN
-        deadline = req.latency_from_s + ttft
-        if controlled is not None:
-            deadline = controlled.state.get("plan_deadline_s", deadline)
-        return deadline, tpot, req.tier == TIER_BEST_EFFORT
+    def _deadlines(self, item: Any) -> tuple[float, float, bool, int]:
+        """(prefill deadline, TPOT, best effort, request id) of a StepRequest. Fixed for as long as the request
+        is in the replica (the controller set its SLOs, plan deadline and tier before releasing it), so each
+        is worked out once and kept by identity; `_forget` drops the ones that have left."""
+        known = self._fixed.get(item)
+        if known is None:
+            req = item.req
+            controlled = req.controlled
+            ttft, tpot = self.slos(controlled) if controlled is not None else (1.0, 0.1)
+            tpot *= PACE_MARGIN
+            deadline = req.latency_from_s + ttft
+            if controlled is not None:
+                deadline = controlled.state.get("plan_deadline_s", deadline)
+            known = self._fixed[item] = (deadline, tpot, req.tier == TIER_BEST_EFFORT, req.spec.request_id)
+        return known
+
+    def _forget(self, replica: Any) -> None:
+        """Keep `_fixed` and `_tasks` to the requests still in the replica (amortised: once they have doubled)."""
+        live = len(replica.waiting) + len(replica.prefilling) + len(replica.decoding)
+        if len(self._fixed) > 2 * live + 64:
+            queues = (replica.waiting, replica.prefilling, replica.decoding)
+            fixed, tasks = self._fixed, self._tasks
+            self._fixed = {item: fixed[item] for queue in queues for item in queue if item in fixed}
+            self._tasks = {item: tasks[item] for queue in queues for item in queue if item in tasks}
 
     def plan(self, replica: Any, now: float) -> Any:
         self.replica = replica
+        self._forget(replica)
         admitting, preempt = self._admissions(replica)
         evicted = {id(item) for item in preempt}
         decodes: list[DecodeTask] = []
         by_id: dict[int, Any] = {}
-        tpots: list[float] = []
+        tpots: set[float] = set()
         behind: set[int] = set()
+        deadlines = self._deadlines
+        tasks = self._tasks
         for item in replica.decoding:
-            if id(item) in evicted:
+            if evicted and id(item) in evicted:
                 continue
-            _, tpot, best_effort = self._deadlines(item)
-            first = item.chunk_times[0] if item.chunk_times else now
-            due = first + item.generated * tpot
-            rid = item.req.spec.request_id
+            _, tpot, best_effort, rid = deadlines(item)
+            times = item.chunk_times
+            first = times[0] if times else now
+            due = first + (item.req.spec.output_tokens - item.out_left) * tpot  # item.generated, inline
             by_id[rid] = item
-            decodes.append(DecodeTask(rid, tpot, due, item.out_left, best_effort))
+            task = tasks.get(item)
+            if task is None:
+                task = tasks[item] = DecodeTask(rid, tpot, due, item.out_left, best_effort)
+            else:  # the same request's task from the last step, brought up to date (form_batch only reads it)
+                task.next_due_s = due
+                task.tokens_left = item.out_left
+            decodes.append(task)
             if not best_effort:
-                tpots.append(tpot)
+                tpots.add(tpot)
                 if due < now:
                     behind.add(rid)
         prefills: list[PrefillTask] = []
-        order = [item for item in replica.prefilling if id(item) not in evicted] + admitting
-        for item in order:
-            deadline, tpot, best_effort = self._deadlines(item)
-            rid = item.req.spec.request_id
+        order = [item for item in replica.prefilling if id(item) not in evicted] if evicted else replica.prefilling
+        for item in (*order, *admitting):
+            deadline, tpot, best_effort, rid = deadlines(item)
             by_id[rid] = item
             prefills.append(PrefillTask(rid, deadline, item.prompt_left, best_effort))
-            tpots.append(tpot)
+            tpots.add(tpot)
         if not decodes and not prefills:
             return BatchPlan()
         tiers = tier_list(tpots) if tpots else [1.0]
-        reference = [0.0] * len(tiers)
-        for d in decodes:
-            if not d.best_effort:
-                reference[tiers.index(d.tpot_s)] += 1.0
+        settings = self.settings
+        speculates = settings.max_spec_len > 0 and settings.acceptance > 0.0  # as BudgetModel decides it
+        reference: list[float] | None = None  # the population speculation lengths are chosen for (Appendix D)
+        if speculates:
+            tier_of = {t: i for i, t in enumerate(tiers)}
+            reference = [0.0] * len(tiers)
+            for d in decodes:
+                if not d.best_effort:
+                    reference[tier_of[d.tpot_s]] += 1.0
         budget = BudgetModel(
             self.model,
             tiers,
-            max_batch_tokens=self.settings.max_batch_tokens,
+            max_batch_tokens=settings.max_batch_tokens,
             context_tokens=replica.kv_used,
             sequences=replica.running,
-            max_spec_len=self.settings.max_spec_len,
-            acceptance=self.settings.acceptance,
+            max_spec_len=settings.max_spec_len,
+            acceptance=settings.acceptance,
             reference_counts=reference,
-            knee_efficiency=self.settings.knee_efficiency,
+            knee_efficiency=settings.knee_efficiency,
         )
         batch = form_batch(now, decodes, prefills, budget)
         plan = BatchPlan(preempt=preempt)
-        longest = self.settings.max_spec_len if budget.max_spec_len else 0
-        for rid, verified in batch.decode.items():
-            if rid in behind and longest:
-                verified = max(verified, 1 + longest)  # behind its pace: speculate as far as allowed
-            plan.decode.append((by_id[rid], verified))
+        if budget.max_spec_len:
+            longest = settings.max_spec_len
+            for rid, verified in batch.decode.items():
+                if rid in behind:
+                    verified = max(verified, 1 + longest)  # behind its pace: speculate as far as allowed
+                plan.decode.append((by_id[rid], verified))
+            plan.spec_steps = max((v - 1 for _, v in plan.decode), default=0)
+        else:  # no speculation: every decode verifies its one position, no draft pass
+            plan.decode = [(by_id[rid], verified) for rid, verified in batch.decode.items()]
         # Already-prefilling requests first, then admissions in deadline order (the replica admits in order).
         admitted = [(by_id[rid], chunk) for rid, chunk in batch.prefill.items()]
-        admitted.sort(key=lambda pair: pair[0].admitted_order < 0)
+        admitted.sort(key=_queued)
         plan.prefill = admitted
-        plan.spec_steps = max((v - 1 for _, v in plan.decode), default=0)
         return plan
 
     def _admissions(self, replica: Any) -> tuple[list[Any], list[Any]]:
         """Which queued requests may be admitted this step, SLO requests before best-effort ones, and which
         best-effort requests to preempt (newest first) so that a queued SLO request gets the KV memory or
         the slot it needs (paper 004 sec. 4.1: the tier runs on leftovers and yields to SLO requests)."""
+        if not replica.waiting:
+            return [], []  # nothing queued: nothing to admit, nobody to preempt for it
         room = replica.max_seqs - replica.running
         kv_free = replica.kv_capacity - replica.kv_used
         victims = sorted(

@@ -1,0 +1,54 @@
+"""SLOs-Serve's knee search (budget.BudgetModel._knee) gives the answer of a bisection over 1..most exactly.
+
+The search solves each roofline term for the knee and then checks the float predicate around it (issue 22:
+a bisection of a dozen step times ran twice per engine step); the bisection stays here as the definition.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import yaml
+
+from core.control.slos_serve.budget import BudgetModel, bisect_knee
+from core.profile import PROFILES_DIR, Calibration
+from core.step_time import StepTimeModel
+from tests.test_slos_serve_planner import SIX_PER_UNIT
+
+CALIBRATIONS = ["llama-7b-a100", "qwen2.5-1.5b-a100", "qwen2.5-coder-1.5b-l4", "tinyllama-1.1b-l40s", "vllm-cpu-tiny"]
+
+
+def bisected_knee(budget: BudgetModel, most: float, spec_steps: int) -> float:
+    ctx, seqs, model = budget.context_tokens, budget.sequences, budget.model
+    goal = budget.knee_efficiency * most / model.step_time(most, ctx, spec_steps, seqs)  # type: ignore[operator]
+    return float(bisect_knee(model, goal, int(most), ctx, spec_steps, seqs))
+
+
+def _models() -> list[StepTimeModel]:
+    models = []
+    for name in CALIBRATIONS:
+        data = yaml.safe_load((PROFILES_DIR / "calibrations" / f"{name}.yaml").read_text())
+        models.append(StepTimeModel.from_calibration(Calibration.model_validate(data)))
+    # Two terms that cross, and the toy of paper 004 Fig. 3 (no fixed cost at all).
+    models.append(StepTimeModel(((0.004, 1e-5, 1e-7, 0.0, 2e-5), (0.0005, 4e-5, 0.0, 0.0, 0.0))))
+    models.append(SIX_PER_UNIT)
+    return models
+
+
+@pytest.mark.parametrize("model", _models())
+def test_the_knee_is_the_bisections_answer(model: StepTimeModel) -> None:
+    checked = 0
+    for efficiency, ctx, seqs, spec, most in itertools.product(
+        (0.5, 0.8, 0.95, 0.99, 1.0),
+        (0.0, 917.0, 40_000.0, 250_000.0),
+        (0, 1, 7, 64, 256),
+        (0, 3),
+        (2.0, 37.0, 512.0, 2048.0, 8192.0),
+    ):
+        budget = BudgetModel(
+            model, [1.0], max_batch_tokens=int(most), context_tokens=ctx, sequences=seqs, knee_efficiency=efficiency
+        )
+        assert budget._knee(most, spec) == bisected_knee(budget, most, spec), (efficiency, ctx, seqs, spec, most)
+        checked += 1
+    assert checked == 5 * 4 * 5 * 2 * 5
