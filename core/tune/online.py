@@ -46,7 +46,7 @@ from core.metrics import Summary, summarize
 from core.profile import Profile, TunerSpec
 from core.records import RequestRecord
 from core.tune.hillclimb import StepRecord, move_decision
-from core.tune.knobspace import KnobSpace, Point
+from core.tune.online_space import OnlinePoint, OnlineSpace
 from core.tune.score import FAILED_SCORE, Segment, score
 
 ONLINE_ALGORITHM = "online"
@@ -81,27 +81,12 @@ class Window:
     """One measured window: the point that ran, its segment (the batch tuner's shape), its standard error."""
 
     index: int
-    point: Point
+    point: OnlinePoint
     segment: Segment
     score_se: float
     start_s: float
     end_s: float
     settle_s: float  # the 90th percentile of its completed requests' latency (0 when none completed)
-
-
-def online_space(profile: Profile, *, server_flags: bool = False) -> KnobSpace:
-    """The knobs the gateway owns: the concurrency cap, within the profile's tuner bounds and step; with
-    `server_flags` (the gateway launched its servers, so it can swap one for another) max_num_seqs too.
-    Otherwise max_num_seqs, and speculation always, are pinned to the profile's values (no neighbour moves them)."""
-    knobs = profile.knobs
-    update: dict[str, Any] = {
-        "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
-        "spec_toggle": False,
-    }
-    if not server_flags:
-        update["max_num_seqs_bounds"] = (knobs.max_num_seqs, knobs.max_num_seqs)
-    spec = profile.tuner.model_copy(update=update)
-    return KnobSpace(spec, open_loop=False)
 
 
 def pooled(windows: list[Window]) -> tuple[float, float]:
@@ -116,24 +101,25 @@ def pooled(windows: list[Window]) -> tuple[float, float]:
 class OnlineTuner:
     """The online hill-climb's decisions over windows of ended requests, on whatever clock feeds it."""
 
-    space: KnobSpace
-    start: Point
+    space: OnlineSpace
+    start: OnlinePoint
     profile: Profile
     settings: OnlineSettings = field(default_factory=OnlineSettings)
     sink: EventSink | None = None
     world: str = "live"  # the `world` field of tune_step events: where the traffic is served
     # --- state
-    incumbent: Point = field(init=False)
-    current: Point = field(init=False)
+    incumbent: OnlinePoint = field(init=False)
+    current: OnlinePoint = field(init=False)
     incumbent_window: Window | None = field(init=False, default=None)
     windows: list[Window] = field(init=False, default_factory=list)
     steps: list[StepRecord] = field(init=False, default_factory=list)
     window_requests: int = field(init=False)
     _records: deque[RequestRecord] = field(init=False, default_factory=deque)
     _window_start_s: float = field(init=False, default=0.0)
-    _pending: list[Point] = field(init=False, default_factory=list)  # neighbours not yet tried this round
+    _pending: list[OnlinePoint] = field(init=False, default_factory=list)  # neighbours not yet tried this round
     _hold_left: int = field(init=False, default=0)
     _quiet_rounds: int = field(init=False, default=0)  # rounds in a row in which no neighbour won
+    _round_undecided: bool = field(init=False, default=False)  # a neighbour of this round ended inside the noise
     _incumbent_windows: list[Window] = field(init=False, default_factory=list)  # of the comparison under way
     _trial_windows: list[Window] = field(init=False, default_factory=list)
 
@@ -152,7 +138,7 @@ class OnlineTuner:
 
     # ------------------------------------------------------------------ feeding
 
-    def begin(self, now: float) -> Point:
+    def begin(self, now: float) -> OnlinePoint:
         """Start the first window at `now`; returns the point to run (the start)."""
         self._window_start_s = now
         return self.current
@@ -163,7 +149,7 @@ class OnlineTuner:
         if end is not None and end >= self._window_start_s:
             self._records.append(record)
 
-    def poll(self, now: float) -> Point | None:
+    def poll(self, now: float) -> OnlinePoint | None:
         """If the window is complete at `now`, score it and decide. Returns the point to run from now on when it
         changes (a trial, a move or a rollback), else None."""
         if now - self._window_start_s < self.settings.window_s or len(self._records) < self.window_requests:
@@ -183,7 +169,7 @@ class OnlineTuner:
         self._records.clear()
         self._window_start_s = now
 
-    def jump(self, point: Point, now: float) -> None:
+    def jump(self, point: OnlinePoint, now: float) -> None:
         """The operator put `point` in force (a replica swap they asked for): it becomes the incumbent, the
         comparison under way is dropped (its windows ran on another server), and a window starts at `now`."""
         self.incumbent = self.current = point
@@ -192,7 +178,7 @@ class OnlineTuner:
         self._hold_left = 0
         self.restart_window(now)
 
-    def trial_failed(self, now: float, error: str) -> Point | None:
+    def trial_failed(self, now: float, error: str) -> OnlinePoint | None:
         """The trial's point could not be put in force (its server did not start): it scores as failed, is
         rolled back, and the next window starts at `now`. Returns the point to run (the incumbent)."""
         segment = self._segment(FAILED_SCORE, error=error)
@@ -208,7 +194,7 @@ class OnlineTuner:
         """The window at the point in force as the batch tuner's `Segment` (what a tune_step event reports)."""
         point = self.current
         return Segment(
-            key=f"{ONLINE_ALGORITHM}:{len(self.windows)}:c{point.concurrency or 'inf'}-s{point.max_num_seqs}",
+            key=f"{ONLINE_ALGORITHM}:{len(self.windows)}:{point.key()}",
             point=point,
             phase=ONLINE_ALGORITHM,
             step=len(self.steps) + 1,
@@ -306,6 +292,7 @@ class OnlineTuner:
             moved = False
             reason = f"rolled back: {gain:+.3f} is inside the noise {noise:.3f} after {pairs} pairs of windows"
             self.window_requests = min(self.settings.max_window_requests, self.window_requests * 2)
+            self._round_undecided = True
         elif not moved and math.isfinite(gain) and gain < -noise:
             reason = f"rolled back: {gain:.3f} below the incumbent, beyond the noise {noise:.3f}"
         elif not moved:
@@ -330,14 +317,20 @@ class OnlineTuner:
             self.incumbent_window = trial
             self._incumbent_windows = [trial]
             self._quiet_rounds = 0
+            self._round_undecided = False
             # Onward from the new incumbent; the point it came from was just measured worse.
             self._pending = [n for n in self.space.neighbours(self.incumbent) if n != came_from]
             self.current = self._pending.pop(0) if self._pending else self.incumbent
         else:
             self.current = self.incumbent  # the rollback: the next window re-measures the incumbent
-            if not self._pending:
-                # A round in which no neighbour won: hold the incumbent, longer after each such round in a row
-                # (converged: trials cost the users served during them), until the next round probes again.
+            if not self._pending and self._round_undecided:
+                # A round that left some neighbour inside the noise decided nothing: no hold, the next round
+                # measures again at once, with the windows it doubled.
+                self._round_undecided = False
+            elif not self._pending:
+                # A round in which every neighbour measured worse beyond the noise: hold the incumbent, longer
+                # after each such round in a row (converged: trials cost the users served during them), until
+                # the next round probes again.
                 self._quiet_rounds += 1
                 self._hold_left = self.settings.hold_windows * 2 ** min(self._quiet_rounds - 1, MAX_HOLD_DOUBLINGS)
         self._emit(record, noise, trial)
