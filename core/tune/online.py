@@ -10,26 +10,33 @@ request's record (`observe`) and asks it at any time `poll(now)`: when a window 
 and answers the knob point to run from now on (or None: keep what runs).
 
 The climb, one trial at a time. Algorithm 1 measures the current point K and every neighbour N(K)
-(`KnobSpace.neighbours`: the same +-step moves) in one step; online, every measurement costs real users
-their latency, so a trial is one neighbour for one window, compared with a window of the incumbent just
-before it (the traffic drifts; adjacent windows see the same load). After a trial window, Algorithm 1's
+(`OnlineSpace.neighbours`, core/tune/online_space.py: the cap and max_num_seqs +-step as `KnobSpace`
+moves them, the mode's own knobs halved and doubled, the other modes the operator allows) in one step;
+online, every measurement costs real users their latency, so a trial is one neighbour for one window,
+compared with a window of the incumbent just before it (the traffic drifts; adjacent windows see the same
+load). After a trial window, Algorithm 1's
 move rule (`move_decision`) decides, with the gain it needs raised to the noise the windows measured:
 - a trial that scores higher beyond the noise becomes the incumbent, and the climb goes on from it;
 - one that scores lower beyond the noise is rolled back at once;
 - one inside the noise is measured again, incumbent then trial, up to `max_pairs` pairs pooled; still
   inside the noise, it is rolled back (nothing showed it is better) and the windows double, up to
   `max_window_requests`: they were too short for the differences this surface has.
-When every neighbour of the incumbent has failed in turn, the incumbent is held for `hold_windows`
-windows (doubling with each such round in a row) before the next round: the load may change. The
-incumbent is always known (`incumbent`).
+When every neighbour of the incumbent has measured worse beyond the noise in turn, the incumbent is held
+for `hold_windows` windows (doubling with each such round in a row) before the next round: the load may
+change. A round that left some neighbour inside the noise decided nothing, so the next round starts at once
+(with the doubled windows): holding then kept the climb below the plateau for thousands of seconds on
+saber-w1 (docs/gateway.md). The incumbent is always known (`incumbent`).
 
 Noise. A window is also scored on `batches` consecutive slices of its requests (batch means); the standard
 error of the window's score is their spread / sqrt(batches). Two points differ beyond the noise when their
 (pooled) scores differ by more than `z` standard errors of the difference.
 
 Settling. Requests admitted under the previous setting finish after a switch; the window starts
-`settle` later: the 90th percentile of the previous window's latency (most of those requests have ended by
-then), at most half the window's minimum duration.
+`settle` later: the 99th percentile of the previous window's latency (all but 1% of those requests have
+ended by then), at most the window's minimum duration. The 90th percentile, capped at half a window, let the
+tail of the previous setting into the next window: on saber-w1 a cap raised from an overloaded one inherits
+the requests that queued under it (p99 30-50 s there), and that p99 is most of eq. 3's score, so a raise
+measured worse than it was and the climb drifted down (docs/gateway.md, "Online tuning").
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ from core.tune.online_space import OnlinePoint, OnlineSpace
 from core.tune.score import FAILED_SCORE, Segment, score
 
 ONLINE_ALGORITHM = "online"
-SETTLE_QUANTILE = 90
+SETTLE_QUANTILE = 99
 MAX_HOLD_DOUBLINGS = 3  # the hold after quiet rounds grows to at most 8 x hold_windows
 
 
@@ -86,7 +93,7 @@ class Window:
     score_se: float
     start_s: float
     end_s: float
-    settle_s: float  # the 90th percentile of its completed requests' latency (0 when none completed)
+    settle_s: float  # the 99th percentile of its completed requests' latency (0 when none completed)
 
 
 def pooled(windows: list[Window]) -> tuple[float, float]:
@@ -231,7 +238,7 @@ class OnlineTuner:
 
     def _start_window(self, now: float, closed: Window) -> None:
         """The next window starts now, or after the settle time when the point just changed."""
-        settle = min(self.settings.window_s / 2, closed.settle_s) if self.current != closed.point else 0.0
+        settle = min(self.settings.window_s, closed.settle_s) if self.current != closed.point else 0.0
         self._window_start_s = now + settle
 
     def _summarize(self, records: list[RequestRecord], span_s: float) -> Summary:
