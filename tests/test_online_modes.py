@@ -178,3 +178,11 @@ def test_a_gateway_tuning_modes_switches_under_load_and_fails_nothing() -> None:
             assert all(r.status in (Status.OK, Status.REJECTED) for r in records)
 
     asyncio.run(scenario())
+
+
+def test_the_consoles_knob_line_shows_the_mode_and_its_knobs_of_an_online_step() -> None:
+    from console.widgets.format import knobs_text
+
+    point = OnlinePoint(8, 64, 0, False, "saber", (("window_size", 8),))
+    assert knobs_text(point.as_dict()).endswith("· saber (window_size 8)")
+    assert "saber" not in knobs_text(Point(8, 64, 0, False).as_dict())  # the batch tuner's points: as before
