@@ -3,9 +3,11 @@
 saber-w1's mix at 3 req/s, the gateway's queue bounded at 16, the cap over 4..64 in steps of 8 starting at
 8; each seed's load is served once behind the online tuner and once per static cap of the grid, and
 goodput is taken over the last half and the last quarter of the run (the "final windows"). Settings of the tuner are its
-defaults, except `--z` to compare the noise threshold.
+defaults, except `--z` to compare the noise threshold. `--modes` lets it switch modes too (it starts in fcfs); the
+yardstick stays the best static fcfs cap.
 
     python benchmarks/online_tune_sim.py --seeds 0 1 2 --z 1 2
+    python benchmarks/online_tune_sim.py --seeds 0 1 2 --modes fcfs saber slos-serve
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--z", type=float, nargs="+", default=[OnlineSettings().z])
     parser.add_argument("--grid-step", type=int, default=8, help="static caps 8, 8 + step, ... 64")
+    parser.add_argument("--modes", nargs="+", default=None, help="modes the online tuner may switch among")
     args = parser.parse_args()
     base = load_profile("saber-w1")
     workload = base.workload.model_copy(
@@ -35,7 +38,7 @@ def main() -> None:
     profile = base.model_copy(update={"workload": workload, "tuner": tuner})
     calibration = load_calibration(profile)
     spans = [(DURATION_S * (1 - share), DURATION_S) for share in FINAL_SHARES]
-    print("seed  share  best static (cap: goodput)  z  online goodput  ratio  final cap  windows  steps  cpu_s")
+    print("seed  share  best static (cap: goodput)  z  online goodput  ratio  final cap  windows  steps  cpu_s  final")
     for seed in args.seeds:
         records = {
             cap: run_static(profile, calibration, cap, duration_s=DURATION_S, seed=seed, max_queue=QUEUE)
@@ -46,7 +49,7 @@ def main() -> None:
             cpu = time.process_time()
             run = run_online(
                 profile, calibration, START_CAP, duration_s=DURATION_S, seed=seed, max_queue=QUEUE,
-                settings=OnlineSettings(z=z),
+                settings=OnlineSettings(z=z), modes=tuple(args.modes) if args.modes else None,
             )  # fmt: skip
             cpu = time.process_time() - cpu
             for share, span, grid in zip(FINAL_SHARES, spans, static, strict=True):
@@ -56,7 +59,8 @@ def main() -> None:
                     f"{seed:4d}  {share:5.2f}  {best_cap:3d}: {grid[best_cap]:.3f}{'':14s} {z:3.1f}  "
                     f"{online:.3f}{'':9s}"
                     f"{online / grid[best_cap]:.3f}  {run.tuner.incumbent.concurrency:9d}"
-                    f"  {len(run.tuner.windows):7d}  {len(run.tuner.steps):5d}  {cpu:5.1f}",
+                    f"  {len(run.tuner.windows):7d}  {len(run.tuner.steps):5d}  {cpu:5.1f}"
+                    f"  {run.tuner.incumbent.key()}",
                     flush=True,
                 )
 

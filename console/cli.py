@@ -115,7 +115,16 @@ def build_gateway_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--tune",
         action="store_true",
-        help="tune the per-replica concurrency cap online on the traffic served (fcfs; tune_step events on stdout)",
+        help="tune online on the traffic served: the per-replica concurrency cap (fcfs), or the mode's own knobs "
+        "(saber, slos-serve); tune_step events on stdout",
+    )
+    parser.add_argument(
+        "--tune-modes",
+        nargs="+",
+        default=None,
+        metavar="MODE",
+        help="with --tune: the scheduling modes it may switch among (fcfs, saber, slos-serve; default: the mode "
+        "the gateway starts in, alone)",
     )
     parser.add_argument(
         "--max-queue", type=int, default=None, metavar="N", help="with --tune: reject arrivals when N wait (429)"
@@ -138,7 +147,11 @@ def gateway_main(argv: list[str]) -> int:
         parser.error("give either --upstream URL (repeatable) or --launch")
     launched: dict[str, Any] = {}
     try:
-        attach = _online_tuning(args.max_queue, args.tune_window, launched) if args.tune else _answer_swaps(launched)
+        attach = (
+            _online_tuning(args.max_queue, args.tune_window, launched, args.tune_modes)
+            if args.tune
+            else _answer_swaps(launched)
+        )
     except ValueError as exc:
         parser.error(f"--tune-window: {exc}")
     from core.gateway.standalone import GatewayArgs, run_gateway
@@ -193,7 +206,9 @@ def _answer_swaps(launched: dict[str, Any]):  # type: ignore[no-untyped-def]
     return attach
 
 
-def _online_tuning(max_queue: int | None, window: list[float] | None, launched: dict[str, Any]):  # type: ignore[no-untyped-def]
+def _online_tuning(  # type: ignore[no-untyped-def]
+    max_queue: int | None, window: list[float] | None, launched: dict[str, Any], modes: list[str] | None
+):
     """The standalone gateway's --tune: the online tuner attached once the gateway serves."""
     from core.tune.online import OnlineSettings
     from core.tune.online_gateway import attach_online_tuner
@@ -210,6 +225,7 @@ def _online_tuning(max_queue: int | None, window: list[float] | None, launched: 
             sink=_print_json_line,
             max_queue=max_queue,
             replicas=launched.get("replicas"),
+            modes=tuple(modes) if modes else None,
         )
         return tuning.stop
 

@@ -276,8 +276,10 @@ class FakeLaunchedReplicas(LaunchedReplicas):
         super().__init__(profile)
         self.reply = reply or StreamReply(first_delay_s=0.01, chunk_delay_s=0.005)
         self.started: list[KnobsSpec] = []
+        self.started_slots: list[int] = []  # the core slot each was given (core/serve/cpu_binding.py)
 
-    async def _start(self, knobs: KnobsSpec) -> Any:
+    async def _start(self, knobs: KnobsSpec, slot: int) -> Any:
         fake = await FakeOpenAIServer(self.reply).__aenter__()
         self.started.append(knobs)
+        self.started_slots.append(slot)
         return _FakeVllm(fake, asyncio.get_running_loop())

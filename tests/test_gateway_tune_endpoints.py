@@ -145,6 +145,10 @@ def test_gateway_swap_replaces_the_launched_server_and_refuses_bad_knobs() -> No
             assert old.retired and not new.retired and [u.url for u in gateway.routable] == [new.url]
             assert (await post(session, gateway.base_url, completion()))[0] == 200
             assert new.served == 1
+            status, body = await post_json(session, url, {"max_num_seqs": 16})
+            assert status == 200 and replicas.swaps == 2
+            # Each swap starts the new server on the cores the old one does not use (core/serve/cpu_binding.py).
+            assert replicas.started_slots == [0, 1, 0]
             status, body = await post_json(session, url, [])
             assert status == 400
 

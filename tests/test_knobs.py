@@ -12,6 +12,7 @@ import pytest
 from core.backend_api import BackendUnavailable
 from core.profile import KnobsSpec, ProfileError, ServerSpec
 from core.serve import install_probe as probe_module
+from core.serve.cpu_binding import other_slot, replica_core_slots
 from core.serve.install_probe import (
     VllmCapabilities,
     VllmProbeError,
@@ -196,3 +197,30 @@ def test_server_command_has_knobs_cpu_preset_and_extra_args(tmp_path: Path, monk
     assert env == {"VLLM_CPU_KVCACHE_SPACE": "1", "X": "1"}
     server_none = VllmServer(spec.model_copy(update={"preset": "none"}), python=server.python)
     assert "--enforce-eager" not in server_none.command()[0]
+
+
+def test_a_launched_replica_binds_vllms_cpu_threads_to_its_cores_unless_the_profile_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLO_CONSOLE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(probe_module, "_install_cache", {})
+    monkeypatch.setattr(probe_module, "_caps_cache", {})
+    spec = ServerSpec(model=str(tmp_path))
+    cpu = _fake_vllm_python(tmp_path)
+    assert VllmServer(spec, python=cpu, omp_cores="1").command()[1]["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in VllmServer(spec, python=cpu).command()[1]
+    own = spec.model_copy(update={"env": {"VLLM_CPU_OMP_THREADS_BIND": "0-3"}})
+    assert VllmServer(own, python=cpu, omp_cores="1").command()[1]["VLLM_CPU_OMP_THREADS_BIND"] == "0-3"
+    cuda = _fake_vllm_python(tmp_path / "cuda", device="cuda")
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in VllmServer(spec, python=cuda, omp_cores="1").command()[1]
+
+
+@pytest.mark.parametrize(
+    ("allowed", "slots"),
+    [([0, 1], ("0", "1")), ([0, 1, 2], ("0", "1")), ([4, 5, 6, 7], ("4,5", "6,7")), ([3], None), ([], None)],
+)
+def test_replica_core_slots_are_two_disjoint_halves_of_equal_size(
+    allowed: list[int], slots: tuple[str, str] | None
+) -> None:
+    assert replica_core_slots(allowed) == slots
+    assert [other_slot(0), other_slot(1)] == [1, 0]

@@ -17,9 +17,10 @@ from core.records import RequestRecord, RequestSLO, RequestSpec, Status
 from core.sim.engine import SimEngine
 from core.tune.hillclimb import StepRecord
 from core.tune.knobspace import Point
-from core.tune.online import OnlineSettings, OnlineTuner, online_space
+from core.tune.online import OnlineSettings, OnlineTuner
 from core.tune.online_gateway import attach_online_tuner
 from core.tune.online_sim import goodput_between, run_online, run_static
+from core.tune.online_space import OnlinePoint, online_space
 from core.workload import build_load_plan
 from tests.fakeserver import FakeOpenAIServer, StreamReply
 from tests.test_gateway import assert_accounted, completion, post, until
@@ -51,7 +52,7 @@ SMALL = OnlineSettings(window_requests=40, window_s=5.0, hold_windows=2)
 def test_a_trial_worse_beyond_the_noise_is_rolled_back_and_the_event_has_the_batch_fields() -> None:
     profile = _profile(concurrency_bounds=(4, 12), concurrency_step=4)
     events: list[dict[str, Any]] = []
-    tuner = OnlineTuner(online_space(profile), Point(8, 64, 0, False), profile, SMALL, sink=events.append)
+    tuner = OnlineTuner(online_space(profile), OnlinePoint(8, 64, 0, False), profile, SMALL, sink=events.append)
     tuner.begin(0.0)
     _drive(tuner, {4: 30.0, 8: 2.0, 12: 30.0}, seconds=60)
     assert tuner.incumbent.concurrency == 8
@@ -66,7 +67,7 @@ def test_a_trial_worse_beyond_the_noise_is_rolled_back_and_the_event_has_the_bat
 
 def test_a_trial_better_beyond_the_noise_becomes_the_incumbent_and_the_climb_goes_on() -> None:
     profile = _profile(concurrency_bounds=(4, 16), concurrency_step=4)
-    tuner = OnlineTuner(online_space(profile), Point(4, 64, 0, False), profile, SMALL)
+    tuner = OnlineTuner(online_space(profile), OnlinePoint(4, 64, 0, False), profile, SMALL)
     tuner.begin(0.0)
     _drive(tuner, {4: 30.0, 8: 20.0, 12: 2.0, 16: 25.0}, seconds=120)
     assert tuner.incumbent.concurrency == 12
@@ -168,21 +169,21 @@ def test_online_cap_converges_within_10_percent_of_the_best_static_cap_on_saber_
 
 def test_with_launched_servers_max_num_seqs_is_a_knob_and_a_failed_swap_rolls_the_trial_back() -> None:
     profile = _profile(concurrency_bounds=(4, 12), concurrency_step=4, max_num_seqs_bounds=(4, 16), max_num_seqs_step=4)
-    pinned = {(n.concurrency, n.max_num_seqs) for n in online_space(profile).neighbours(Point(8, 64, 0, False))}
+    pinned = {(n.concurrency, n.max_num_seqs) for n in online_space(profile).neighbours(OnlinePoint(8, 64, 0, False))}
     assert pinned == {(4, 64), (12, 64)}  # without --launch the server's flags (saber-w1: 64) stay as they are
     space = online_space(profile, server_flags=True)
-    assert {(n.concurrency, n.max_num_seqs) for n in space.neighbours(Point(8, 8, 0, False))} == {
+    assert {(n.concurrency, n.max_num_seqs) for n in space.neighbours(OnlinePoint(8, 8, 0, False))} == {
         (4, 8),
         (12, 8),
         (8, 4),
         (8, 12),
     }
     events: list[dict[str, Any]] = []
-    tuner = OnlineTuner(space, Point(8, 8, 0, False), profile, SMALL, sink=events.append)
+    tuner = OnlineTuner(space, OnlinePoint(8, 8, 0, False), profile, SMALL, sink=events.append)
     tuner.begin(0.0)
     _drive(tuner, {4: 2.0, 8: 2.0, 12: 2.0}, seconds=7)  # one window at the incumbent: the first trial is in force
     trial = tuner.current
     assert trial != tuner.incumbent
-    assert tuner.trial_failed(100.0, "replica swap failed: vLLM did not start") == Point(8, 8, 0, False)
-    assert tuner.incumbent == Point(8, 8, 0, False) and events[-1]["best_neighbour"] == trial.as_dict()
+    assert tuner.trial_failed(100.0, "replica swap failed: vLLM did not start") == OnlinePoint(8, 8, 0, False)
+    assert tuner.incumbent == OnlinePoint(8, 8, 0, False) and events[-1]["best_neighbour"] == trial.as_dict()
     assert not events[-1]["moved"] and events[-1]["reason"].startswith("rolled back")

@@ -29,12 +29,16 @@ def knobs_text(knobs: dict[str, Any] | None, *, short: bool = True) -> str:
         spec = f"w{knobs['spec_width']}"
     conc = knobs.get("concurrency")
     if short:
-        # The tuner's points carry only the knobs it moves; show the batch limit only when it is known.
+        # The tuner's points carry only the knobs it moves; show the batch limit only when it is known, and the
+        # scheduling mode with its own knobs when an online tuner at a gateway moves them (core/tune/online_space.py).
         batch = knobs.get("max_num_batched_tokens")
+        mode = knobs.get("mode")
+        mode_knobs = " ".join(f"{name} {value:g}" for name, value in (knobs.get("mode_knobs") or {}).items())
         return (
             f"conc {conc if conc is not None else '∞'} · seqs {knobs.get('max_num_seqs', UNKNOWN)} · "
             + (f"batch {batch} · " if batch is not None else "")
             + f"spec {spec}"
+            + (f" · {mode}" + (f" ({mode_knobs})" if mode_knobs else "") if mode else "")
         )
     return (
         f"concurrency {conc if conc is not None else 'unlimited'}, max_num_seqs {knobs.get('max_num_seqs')}, "

@@ -11,6 +11,10 @@ a gateway killed by SIGKILL leaves no vLLM behind.
 
 The same swap answers an operator's POST /gateway/swap (`swap_knobs`, e.g. the console's "restart with these
 knobs" when this gateway fronts the server); one swap runs at a time.
+
+On vLLM's CPU build the two servers of a swap run on disjoint cores (core/serve/cpu_binding.py): the first
+replica binds its OpenMP threads to slot 0 of the machine's cores, each swap's new replica to the slot the old
+one does not use, so the new one starts beside the serving one instead of behind it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from core.events import EventSink, make_event
 from core.gateway.admission import AdmissionController
 from core.gateway.server import Gateway, SwapRefused
 from core.profile import KnobsSpec, Profile, ProfileError
+from core.serve.cpu_binding import other_slot, replica_core_slots
 from core.serve.vllm_server import VllmServer
 
 DRAIN_POLL_S = 0.05
@@ -47,25 +52,31 @@ class LaunchedReplicas:
         self.drain_timeout_s = drain_timeout_s
         self.servers: dict[int, VllmServer] = {}
         self.knobs: dict[int, KnobsSpec] = {}
+        self.core_slots = replica_core_slots()  # None below 2 cores: vLLM binds as it likes
+        self.slots: dict[int, int] = {}  # upstream index -> its slot of core_slots
         self.swaps = 0
         self.swapping = False  # a swap is under way (the tuner's or an operator's): no second one starts
 
-    async def _start(self, knobs: KnobsSpec) -> VllmServer:
-        server = VllmServer(self.profile.server, knobs, python=self.python)
+    async def _start(self, knobs: KnobsSpec, slot: int) -> VllmServer:
+        cores = self.core_slots[slot] if self.core_slots is not None else None
+        server = VllmServer(self.profile.server, knobs, python=self.python, omp_cores=cores)
         process = await asyncio.to_thread(server.prepare, knobs)
         try:
             await asyncio.to_thread(process.start)
         except BaseException:
             await asyncio.to_thread(process.stop)
             raise
-        self._emit("replica_started", url=server.base_url, pid=process.pid, max_num_seqs=knobs.max_num_seqs)
+        self._emit(
+            "replica_started", url=server.base_url, pid=process.pid, max_num_seqs=knobs.max_num_seqs, cores=cores
+        )
         return server
 
     async def start_first(self, knobs: KnobsSpec | None = None) -> str:
-        """Start the first replica (before the gateway serves); returns its URL, upstream 0."""
+        """Start the first replica (before the gateway serves) on core slot 0; returns its URL, upstream 0."""
         knobs = knobs or self.profile.knobs
-        self.servers[0] = await self._start(knobs)
+        self.servers[0] = await self._start(knobs, slot=0)
         self.knobs[0] = knobs
+        self.slots[0] = 0
         return self.servers[0].base_url
 
     def current_knobs(self, gateway: AdmissionController) -> KnobsSpec:
@@ -111,10 +122,12 @@ class LaunchedReplicas:
     async def _swap(self, gateway: AdmissionController, knobs: KnobsSpec) -> None:
         began = time.perf_counter()
         old = gateway.routable[0].index
-        server = await self._start(knobs)
+        slot = other_slot(self.slots[old])
+        server = await self._start(knobs, slot)
         upstream = gateway.add_upstream(server.base_url)
         self.servers[upstream.index] = server
         self.knobs[upstream.index] = knobs
+        self.slots[upstream.index] = slot
         gateway.retire_upstream(old)
         ready_s = time.perf_counter() - began
         deadline = time.perf_counter() + self.drain_timeout_s
@@ -123,6 +136,7 @@ class LaunchedReplicas:
         left = gateway.upstreams[old].load  # past the drain timeout these end failed when the server stops
         await asyncio.to_thread(self.servers.pop(old).stop)
         self.knobs.pop(old, None)
+        self.slots.pop(old, None)
         self.swaps += 1
         self._emit(
             "replica_swap",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.profile import KnobsSpec, ServerSpec
+from core.serve.cpu_binding import OMP_BIND_ENV
 from core.serve.install_probe import (
     ENV_VLLM_PYTHON,
     VllmCapabilities,
@@ -122,8 +123,12 @@ class VllmServer:
         on_state: StateCallback | None = None,
         log_dir: Path | None = None,
         speculation_extra: dict[str, object] | None = None,
+        omp_cores: str | None = None,
     ) -> None:
         self.spec = spec or ServerSpec()
+        # The cores vLLM's CPU build binds its OpenMP threads to ("0", "2,3"; core/serve/cpu_binding.py), or None
+        # for vLLM's own choice: a --launch gateway gives the two replicas of a swap disjoint ones.
+        self.omp_cores = omp_cores
         self.knobs = knobs or KnobsSpec()
         # More --speculative-config keys when speculation is on (e.g. AdaServe's batch-size schedule).
         self.speculation_extra = dict(speculation_extra or {})
@@ -199,7 +204,9 @@ class VllmServer:
         )
         argv = base + merge_args(flags, tail)
         env = dict(CPU_PRESET_ENV) if self.use_cpu_preset() else {}
-        env.update(self.spec.env)
+        if self.omp_cores is not None and install.is_cpu:
+            env[OMP_BIND_ENV] = self.omp_cores
+        env.update(self.spec.env)  # the profile's own env wins, a binding of its own included
         return argv, env
 
     # ------------------------------------------------------------ lifecycle

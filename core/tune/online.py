@@ -10,26 +10,33 @@ request's record (`observe`) and asks it at any time `poll(now)`: when a window 
 and answers the knob point to run from now on (or None: keep what runs).
 
 The climb, one trial at a time. Algorithm 1 measures the current point K and every neighbour N(K)
-(`KnobSpace.neighbours`: the same +-step moves) in one step; online, every measurement costs real users
-their latency, so a trial is one neighbour for one window, compared with a window of the incumbent just
-before it (the traffic drifts; adjacent windows see the same load). After a trial window, Algorithm 1's
+(`OnlineSpace.neighbours`, core/tune/online_space.py: the cap and max_num_seqs +-step as `KnobSpace`
+moves them, the mode's own knobs halved and doubled, the other modes the operator allows) in one step;
+online, every measurement costs real users their latency, so a trial is one neighbour for one window,
+compared with a window of the incumbent just before it (the traffic drifts; adjacent windows see the same
+load). After a trial window, Algorithm 1's
 move rule (`move_decision`) decides, with the gain it needs raised to the noise the windows measured:
 - a trial that scores higher beyond the noise becomes the incumbent, and the climb goes on from it;
 - one that scores lower beyond the noise is rolled back at once;
 - one inside the noise is measured again, incumbent then trial, up to `max_pairs` pairs pooled; still
   inside the noise, it is rolled back (nothing showed it is better) and the windows double, up to
   `max_window_requests`: they were too short for the differences this surface has.
-When every neighbour of the incumbent has failed in turn, the incumbent is held for `hold_windows`
-windows (doubling with each such round in a row) before the next round: the load may change. The
-incumbent is always known (`incumbent`).
+When every neighbour of the incumbent has measured worse beyond the noise in turn, the incumbent is held
+for `hold_windows` windows (doubling with each such round in a row) before the next round: the load may
+change. A round that left some neighbour inside the noise decided nothing, so the next round starts at once
+(with the doubled windows): holding then kept the climb below the plateau for thousands of seconds on
+saber-w1 (docs/gateway.md). The incumbent is always known (`incumbent`).
 
 Noise. A window is also scored on `batches` consecutive slices of its requests (batch means); the standard
 error of the window's score is their spread / sqrt(batches). Two points differ beyond the noise when their
 (pooled) scores differ by more than `z` standard errors of the difference.
 
 Settling. Requests admitted under the previous setting finish after a switch; the window starts
-`settle` later: the 90th percentile of the previous window's latency (most of those requests have ended by
-then), at most half the window's minimum duration.
+`settle` later: the 99th percentile of the previous window's latency (all but 1% of those requests have
+ended by then), at most the window's minimum duration. The 90th percentile, capped at half a window, let the
+tail of the previous setting into the next window: on saber-w1 a cap raised from an overloaded one inherits
+the requests that queued under it (p99 30-50 s there), and that p99 is most of eq. 3's score, so a raise
+measured worse than it was and the climb drifted down (docs/gateway.md, "Online tuning").
 """
 
 from __future__ import annotations
@@ -46,11 +53,11 @@ from core.metrics import Summary, summarize
 from core.profile import Profile, TunerSpec
 from core.records import RequestRecord
 from core.tune.hillclimb import StepRecord, move_decision
-from core.tune.knobspace import KnobSpace, Point
+from core.tune.online_space import OnlinePoint, OnlineSpace
 from core.tune.score import FAILED_SCORE, Segment, score
 
 ONLINE_ALGORITHM = "online"
-SETTLE_QUANTILE = 90
+SETTLE_QUANTILE = 99
 MAX_HOLD_DOUBLINGS = 3  # the hold after quiet rounds grows to at most 8 x hold_windows
 
 
@@ -81,27 +88,12 @@ class Window:
     """One measured window: the point that ran, its segment (the batch tuner's shape), its standard error."""
 
     index: int
-    point: Point
+    point: OnlinePoint
     segment: Segment
     score_se: float
     start_s: float
     end_s: float
-    settle_s: float  # the 90th percentile of its completed requests' latency (0 when none completed)
-
-
-def online_space(profile: Profile, *, server_flags: bool = False) -> KnobSpace:
-    """The knobs the gateway owns: the concurrency cap, within the profile's tuner bounds and step; with
-    `server_flags` (the gateway launched its servers, so it can swap one for another) max_num_seqs too.
-    Otherwise max_num_seqs, and speculation always, are pinned to the profile's values (no neighbour moves them)."""
-    knobs = profile.knobs
-    update: dict[str, Any] = {
-        "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
-        "spec_toggle": False,
-    }
-    if not server_flags:
-        update["max_num_seqs_bounds"] = (knobs.max_num_seqs, knobs.max_num_seqs)
-    spec = profile.tuner.model_copy(update=update)
-    return KnobSpace(spec, open_loop=False)
+    settle_s: float  # the 99th percentile of its completed requests' latency (0 when none completed)
 
 
 def pooled(windows: list[Window]) -> tuple[float, float]:
@@ -116,24 +108,25 @@ def pooled(windows: list[Window]) -> tuple[float, float]:
 class OnlineTuner:
     """The online hill-climb's decisions over windows of ended requests, on whatever clock feeds it."""
 
-    space: KnobSpace
-    start: Point
+    space: OnlineSpace
+    start: OnlinePoint
     profile: Profile
     settings: OnlineSettings = field(default_factory=OnlineSettings)
     sink: EventSink | None = None
     world: str = "live"  # the `world` field of tune_step events: where the traffic is served
     # --- state
-    incumbent: Point = field(init=False)
-    current: Point = field(init=False)
+    incumbent: OnlinePoint = field(init=False)
+    current: OnlinePoint = field(init=False)
     incumbent_window: Window | None = field(init=False, default=None)
     windows: list[Window] = field(init=False, default_factory=list)
     steps: list[StepRecord] = field(init=False, default_factory=list)
     window_requests: int = field(init=False)
     _records: deque[RequestRecord] = field(init=False, default_factory=deque)
     _window_start_s: float = field(init=False, default=0.0)
-    _pending: list[Point] = field(init=False, default_factory=list)  # neighbours not yet tried this round
+    _pending: list[OnlinePoint] = field(init=False, default_factory=list)  # neighbours not yet tried this round
     _hold_left: int = field(init=False, default=0)
     _quiet_rounds: int = field(init=False, default=0)  # rounds in a row in which no neighbour won
+    _round_undecided: bool = field(init=False, default=False)  # a neighbour of this round ended inside the noise
     _incumbent_windows: list[Window] = field(init=False, default_factory=list)  # of the comparison under way
     _trial_windows: list[Window] = field(init=False, default_factory=list)
 
@@ -152,7 +145,7 @@ class OnlineTuner:
 
     # ------------------------------------------------------------------ feeding
 
-    def begin(self, now: float) -> Point:
+    def begin(self, now: float) -> OnlinePoint:
         """Start the first window at `now`; returns the point to run (the start)."""
         self._window_start_s = now
         return self.current
@@ -163,7 +156,7 @@ class OnlineTuner:
         if end is not None and end >= self._window_start_s:
             self._records.append(record)
 
-    def poll(self, now: float) -> Point | None:
+    def poll(self, now: float) -> OnlinePoint | None:
         """If the window is complete at `now`, score it and decide. Returns the point to run from now on when it
         changes (a trial, a move or a rollback), else None."""
         if now - self._window_start_s < self.settings.window_s or len(self._records) < self.window_requests:
@@ -183,7 +176,7 @@ class OnlineTuner:
         self._records.clear()
         self._window_start_s = now
 
-    def jump(self, point: Point, now: float) -> None:
+    def jump(self, point: OnlinePoint, now: float) -> None:
         """The operator put `point` in force (a replica swap they asked for): it becomes the incumbent, the
         comparison under way is dropped (its windows ran on another server), and a window starts at `now`."""
         self.incumbent = self.current = point
@@ -192,7 +185,7 @@ class OnlineTuner:
         self._hold_left = 0
         self.restart_window(now)
 
-    def trial_failed(self, now: float, error: str) -> Point | None:
+    def trial_failed(self, now: float, error: str) -> OnlinePoint | None:
         """The trial's point could not be put in force (its server did not start): it scores as failed, is
         rolled back, and the next window starts at `now`. Returns the point to run (the incumbent)."""
         segment = self._segment(FAILED_SCORE, error=error)
@@ -208,7 +201,7 @@ class OnlineTuner:
         """The window at the point in force as the batch tuner's `Segment` (what a tune_step event reports)."""
         point = self.current
         return Segment(
-            key=f"{ONLINE_ALGORITHM}:{len(self.windows)}:c{point.concurrency or 'inf'}-s{point.max_num_seqs}",
+            key=f"{ONLINE_ALGORITHM}:{len(self.windows)}:{point.key()}",
             point=point,
             phase=ONLINE_ALGORITHM,
             step=len(self.steps) + 1,
@@ -245,7 +238,7 @@ class OnlineTuner:
 
     def _start_window(self, now: float, closed: Window) -> None:
         """The next window starts now, or after the settle time when the point just changed."""
-        settle = min(self.settings.window_s / 2, closed.settle_s) if self.current != closed.point else 0.0
+        settle = min(self.settings.window_s, closed.settle_s) if self.current != closed.point else 0.0
         self._window_start_s = now + settle
 
     def _summarize(self, records: list[RequestRecord], span_s: float) -> Summary:
@@ -306,6 +299,7 @@ class OnlineTuner:
             moved = False
             reason = f"rolled back: {gain:+.3f} is inside the noise {noise:.3f} after {pairs} pairs of windows"
             self.window_requests = min(self.settings.max_window_requests, self.window_requests * 2)
+            self._round_undecided = True
         elif not moved and math.isfinite(gain) and gain < -noise:
             reason = f"rolled back: {gain:.3f} below the incumbent, beyond the noise {noise:.3f}"
         elif not moved:
@@ -330,14 +324,20 @@ class OnlineTuner:
             self.incumbent_window = trial
             self._incumbent_windows = [trial]
             self._quiet_rounds = 0
+            self._round_undecided = False
             # Onward from the new incumbent; the point it came from was just measured worse.
             self._pending = [n for n in self.space.neighbours(self.incumbent) if n != came_from]
             self.current = self._pending.pop(0) if self._pending else self.incumbent
         else:
             self.current = self.incumbent  # the rollback: the next window re-measures the incumbent
-            if not self._pending:
-                # A round in which no neighbour won: hold the incumbent, longer after each such round in a row
-                # (converged: trials cost the users served during them), until the next round probes again.
+            if not self._pending and self._round_undecided:
+                # A round that left some neighbour inside the noise decided nothing: no hold, the next round
+                # measures again at once, with the windows it doubled.
+                self._round_undecided = False
+            elif not self._pending:
+                # A round in which every neighbour measured worse beyond the noise: hold the incumbent, longer
+                # after each such round in a row (converged: trials cost the users served during them), until
+                # the next round probes again.
                 self._quiet_rounds += 1
                 self._hold_left = self.settings.hold_windows * 2 ** min(self._quiet_rounds - 1, MAX_HOLD_DOUBLINGS)
         self._emit(record, noise, trial)

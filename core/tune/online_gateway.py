@@ -1,51 +1,54 @@
 """`slo-console gateway --tune`: the online tuner (core/tune/online.py) inside the live gateway, in wall time.
 
-The gateway runs fcfs behind a per-replica concurrency cap (`ConcurrencyCapPolicy`, what vLLM's static
-`max_num_seqs` does, moved into the gateway) and hands every ended request's record to the tuner; a timer
-asks the tuner once a second whether a window is complete. A new cap applies to what the gateway releases
-from then on (`set_cap`, then `policy_changed`): a request already at an upstream finishes there, and the
-queue keeps its order, so a knob change never drops, fails or reorders an admitted request. Each decision
+The gateway runs the tuner's `OnlinePolicy` (core/tune/online_space.py): fcfs behind a per-replica concurrency
+cap (`ConcurrencyCapPolicy`, what vLLM's static `max_num_seqs` does, moved into the gateway), or, with
+`modes`, another scheduling mode with its own knobs (SABER's window, SLOs-Serve's timeout and threshold); it
+hands every ended request's record to the tuner, and a timer asks the tuner once a second whether a window is
+complete. A new cap applies to what the gateway releases from then on (`set_cap`, then `policy_changed`): a
+request already at an upstream finishes there, and the queue keeps its order; a new mode or new mode knobs
+are a handover (core/control/mode_switch.py): the old mode releases what it holds by its own rules before the
+new one releases anything. So a knob change never drops, fails or reorders an admitted request. Each decision
 is a `tune_step` event on the gateway's event stream (JSON Lines on stdout in the standalone gateway).
 
 With `--launch` (the gateway started its vLLM, core/backends/launched_replicas.py) max_num_seqs is tuned
 too: a trial with another max_num_seqs is a replica swap, and its window starts once the old server has
 drained and stopped. An operator's swap (POST /gateway/swap) waits for no window: its point becomes the
-incumbent and the climb goes on from there. GET /gateway/tune shows the steps so far. The other modes' own
-knobs (SABER's window, SLOs-Serve's burst budget) are not tuned online yet (docs/gateway.md, "online tuning").
+incumbent and the climb goes on from there. GET /gateway/tune shows the steps so far.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.backends.launched_replicas import LaunchedReplicas
-from core.control.concurrency_cap import ConcurrencyCapPolicy
 from core.events import TUNE_STEP, Event, EventSink, online_tune_feed
 from core.gateway.admission import AdmissionController
 from core.gateway.server import Gateway, SwapRefused
-from core.profile import KnobsSpec, Profile, ProfileError
-from core.tune.knobspace import KnobSpace, Point
-from core.tune.online import OnlineSettings, OnlineTuner, online_space
+from core.profile import Calibration, KnobsSpec, Profile, ProfileError, load_calibration
+from core.tune.knobspace import Point
+from core.tune.online import OnlineSettings, OnlineTuner
+from core.tune.online_space import FCFS, OnlinePoint, OnlinePolicy, OnlineSpace, online_space
 
 POLL_S = 1.0  # how often the tuner is asked whether its window is complete (wall seconds)
 
 
-def start_point(profile: Profile, space: KnobSpace) -> Point:
-    """The profile's cap (`knobs.concurrency`), else the upper bound of the tuner's range, clamped into it."""
+def start_point(profile: Profile, space: OnlineSpace, mode: str = FCFS) -> OnlinePoint:
+    """`mode` with the profile's knobs for it, and the profile's cap (`knobs.concurrency`), else the upper bound
+    of the tuner's range, clamped into it."""
     knobs = profile.knobs
     cap = knobs.concurrency if knobs.concurrency is not None else space.spec.concurrency_bounds[1]
-    return space.clamp(Point(cap, knobs.max_num_seqs, knobs.spec_width, knobs.spec_on))
+    return space.point(Point(cap, knobs.max_num_seqs, knobs.spec_width, knobs.spec_on), mode)
 
 
 @dataclass(slots=True)
 class OnlineGatewayTuning:
-    """A running online tune: the tuner, the cap policy it moves, and the timer task that polls it."""
+    """A running online tune: the tuner, the policy it moves, and the timer task that polls it."""
 
     tuner: OnlineTuner
-    policy: ConcurrencyCapPolicy
+    policy: OnlinePolicy
     gateway: AdmissionController
     replicas: LaunchedReplicas | None = None  # --launch: max_num_seqs moves too, by replica swap
     task: asyncio.Task[None] | None = None
@@ -59,7 +62,8 @@ class OnlineGatewayTuning:
     def knobs_in_force(self) -> dict[str, Any]:
         knobs = self.replicas.current_knobs(self.gateway) if self.replicas is not None else None
         server = knobs.model_dump() if knobs is not None else {"max_num_seqs": self.tuner.current.max_num_seqs}
-        return {**server, "concurrency": self.policy.cap}
+        return {**server, "concurrency": self.policy.cap, "mode": self.policy.point.mode,
+                "mode_knobs": dict(self.policy.point.mode_knobs)}  # fmt: skip
 
     def feed(self, since: int) -> Event:
         """GET /gateway/tune's answer (core.events.online_tune_feed)."""
@@ -81,8 +85,7 @@ class OnlineGatewayTuning:
         (ProfileError when its max_num_seqs is outside the tuner's range: the climb could not go on from it)."""
         assert self.replicas is not None
         knobs = self.replicas.edited_knobs(self.gateway, update)
-        current = self.tuner.current
-        point = Point(current.concurrency, knobs.max_num_seqs, current.spec_width, current.spec_on)
+        point = replace(self.tuner.current, max_num_seqs=knobs.max_num_seqs)
         if self.tuner.space.clamp(point) != point:
             low, high = self.tuner.spec.max_num_seqs_bounds
             raise ProfileError(f"max_num_seqs {knobs.max_num_seqs} is outside the online tuner's range {low}..{high}")
@@ -92,7 +95,7 @@ class OnlineGatewayTuning:
         in_force = await self.replicas.swap_knobs(self.gateway, knobs)
         if self.replicas.swaps > swaps:
             self.tuner.jump(point, self.gateway.now())
-        return in_force | {"concurrency": self.policy.cap}
+        return in_force | {"concurrency": self.policy.cap, "mode": self.policy.point.mode}
 
     def poll(self) -> None:
         if self.swap is not None or (self.replicas is not None and self.replicas.swapping):
@@ -100,13 +103,17 @@ class OnlineGatewayTuning:
         change = self.tuner.poll(self.gateway.now())
         if change is None:
             return
-        self.policy.set_cap(change.concurrency)
-        self.gateway.policy_changed()
+        self.apply(change)
         if self.replicas is not None:
             knobs = self.replicas.current_knobs(self.gateway)
             if knobs.max_num_seqs != change.max_num_seqs:
                 new = knobs.model_copy(update={"max_num_seqs": change.max_num_seqs})
                 self.swap = asyncio.get_running_loop().create_task(self._swap(new))
+
+    def apply(self, point: OnlinePoint) -> None:
+        """Put `point`'s admission in force at the gateway (a cap in place, or a mode handover)."""
+        self.policy.apply(point, self.gateway.now())
+        self.gateway.policy_changed()
 
     async def _swap(self, knobs: KnobsSpec) -> None:
         assert self.replicas is not None
@@ -115,8 +122,7 @@ class OnlineGatewayTuning:
         except Exception as exc:  # the new server did not start: the old one still serves; roll the trial back
             point = self.tuner.trial_failed(self.gateway.now(), f"replica swap failed: {exc}")
             if point is not None:
-                self.policy.set_cap(point.concurrency)
-                self.gateway.policy_changed()
+                self.apply(point)
         else:
             self.tuner.restart_window(self.gateway.now())
         finally:
@@ -149,20 +155,26 @@ def attach_online_tuner(
     settings: OnlineSettings | None = None,
     sink: EventSink | None = None,
     max_queue: int | None = None,
-    start: Point | None = None,
+    start: OnlinePoint | None = None,
     replicas: LaunchedReplicas | None = None,
+    modes: tuple[str, ...] | None = None,
 ) -> OnlineGatewayTuning:
-    """Put the gateway under online tuning (call on its running loop, before traffic or during it): the mode
-    becomes fcfs behind the cap the tuner moves. Only fcfs can be tuned online today."""
-    if gateway.policy.name not in ("fcfs", ConcurrencyCapPolicy.name):
-        raise ProfileError(
-            f"--tune tunes the gateway's concurrency cap in front of fcfs; mode {gateway.policy.name!r} has knobs "
-            "the online tuner does not move yet: use --mode fcfs"
-        )
-    space = online_space(profile, server_flags=replicas is not None)
-    point = start or start_point(profile, space)
-    policy = ConcurrencyCapPolicy(point.concurrency, max_queue)
-    gateway.swap_policy(policy)
+    """Put the gateway under online tuning (call on its running loop, before traffic or during it). The climb
+    starts in the gateway's mode (fcfs: behind the cap the tuner moves) with the profile's knobs for it, and
+    switches among `modes` (default: that mode alone, whose own knobs it tunes)."""
+    mode = FCFS if gateway.policy.name == "concurrency-cap" else gateway.policy.name
+    modes = modes or (mode,)
+    space = online_space(profile, server_flags=replicas is not None, modes=tuple(dict.fromkeys((mode, *modes))))
+    point = start or start_point(profile, space, mode)
+    calibration: list[Calibration] = []
+
+    def engine_calibration() -> Calibration:  # loaded once, when a mode other than fcfs is first built
+        if not calibration:
+            calibration.append(load_calibration(profile))
+        return calibration[0]
+
+    policy = OnlinePolicy(point, profile, engine_calibration, replicas=len(gateway.routable), max_queue=max_queue)
+    gateway.swap_policy(policy.switch)
     tuner = OnlineTuner(space, point, profile, settings or OnlineSettings(), world="live")
     tuning = OnlineGatewayTuning(tuner, policy, gateway, replicas)
 
