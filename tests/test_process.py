@@ -258,6 +258,32 @@ def test_a_server_dies_with_its_owner_even_on_sigkill(log_dir: Path, tmp_path: P
         owner.kill()
 
 
+def test_a_server_goes_when_its_owner_and_its_supervisor_are_both_sigkilled(log_dir: Path, tmp_path: Path) -> None:
+    # What Ray does when a task's worker ends: the worker is killed and its direct children, the supervisor
+    # among them, are SIGKILLed too. Neither can stop the group; the supervisor's warden does.
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "SLO_CONSOLE_CACHE": str(tmp_path / "cache")}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", OWNER, repo, FAKE_SERVER, str(log_dir)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert owner.stdout is not None
+        pgid = int(owner.stdout.readline())
+        assert len(group_members(pgid)) >= 3, "supervisor, warden, server (and its grandchild) never started"
+        os.kill(owner.pid, signal.SIGSTOP)  # frozen: its crash watcher cannot stop the group for it
+        os.kill(pgid, signal.SIGKILL)  # the supervisor
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        deadline = time.monotonic() + 15
+        while group_members(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert group_members(pgid) == [], "the server outlived its killed owner and supervisor"
+    finally:
+        owner.kill()
+
+
 def test_a_stale_server_from_an_earlier_run_is_reported_not_killed(
     servers: list, log_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
