@@ -165,6 +165,30 @@ def trail(result: TuneResult) -> list[tuple[str, float, float]]:
     return [(s.key, s.score, s.p99_s) for s in result.history]
 
 
+async def tune_on_slots(
+    profile: Profile, spec: Any, executor: Executor, log: Path, hold_s: float, sink: Any = null_sink, **options: Any
+) -> TuneResult:
+    """A live tune whose segments go to `executor`'s slots, each on a scripted server holding `hold_s`."""
+    make_server = functools.partial(scripted_backend, log, hold_s)
+    return await run_tune(
+        profile, backend_kind="vllm", sink=sink, spec=spec, executor=executor, make_server=make_server, **options
+    )
+
+
+def start_ray_with_two_slots() -> None:
+    """A local Ray with two serving slots and a core set for each (its workers inherit the variable)."""
+    import ray
+
+    os.environ[ENV_CPU_SLOTS] = "0 1"
+    ray.init(
+        num_cpus=2,
+        resources={LIVE_SLOT_RESOURCE: 2},
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+
+
 def serial_tune(profile: Profile, spec: Any, log: Path) -> TuneResult:
     backend = ScriptedServedBackend(log, 0.0, profile)
     return asyncio.run(run_tune(profile, backend_kind="vllm", sink=lambda e: None, backend=backend, spec=spec))
@@ -225,16 +249,7 @@ def test_a_hill_climb_measures_each_neighbourhood_side_by_side_and_takes_the_ser
     log = tmp_path / "parallel.jsonl"
     events: list[Any] = []
     executor = InProcessSlots(2, events.append)
-    result = asyncio.run(
-        run_tune(
-            profile,
-            backend_kind="vllm",
-            sink=events.append,
-            spec=spec,
-            executor=executor,
-            make_server=functools.partial(scripted_backend, log, 0.5),
-        )
-    )
+    result = asyncio.run(tune_on_slots(profile, spec, executor, log, 0.5, events.append))
     assert trail(result) == trail(serial) and result.final is not None
     assert result.final.point == serial.final.point  # type: ignore[union-attr]
     assert result.backend["executor"] == "ray" and result.backend["slots"] == 2
@@ -258,16 +273,7 @@ def test_an_interrupted_parallel_tune_keeps_finished_segments_and_its_resume_giv
     log = tmp_path / "parallel.jsonl"
 
     async def tune(resume: bool) -> TuneResult:
-        return await run_tune(
-            profile,
-            backend_kind="vllm",
-            sink=lambda e: None,
-            spec=spec,
-            journal_path=journal,
-            resume=resume,
-            executor=InProcessSlots(2),
-            make_server=functools.partial(scripted_backend, log, 0.3),
-        )
+        return await tune_on_slots(profile, spec, InProcessSlots(2), log, 0.3, journal_path=journal, resume=resume)
 
     def journaled() -> int:
         return sum(1 for line in journal.read_text().splitlines() if '"kind":"segment"' in line)

@@ -25,8 +25,9 @@ from core.profile import load_profile
 from core.tune.evaluator import Evaluator
 from core.tune.journal import Journal
 from core.tune.knobspace import Point
-from core.tune.live_parallel import ENV_CPU_SLOTS, LIVE_SLOT_RESOURCE, RayLiveSegmentRunner
+from core.tune.live_parallel import ENV_CPU_SLOTS, RayLiveSegmentRunner
 from core.tune.segment import Measurement
+from tests.test_live_parallel import start_ray_with_two_slots
 
 pytestmark = pytest.mark.vllm  # skipped without a vLLM python (tests/conftest.py)
 ray = pytest.importorskip("ray")
@@ -69,14 +70,7 @@ def test_two_candidates_measured_at_once_on_two_vllm_cpu_servers_one_core_each(t
     profile = base.model_copy(update={"server": server})
     spec = profile.tuner.model_copy(update={"warmup_s": 3.0, "measure_s": 10.0})
     assert profile.slo.e2e_s is not None
-    os.environ[ENV_CPU_SLOTS] = "0 1"  # the Ray workers (and their vLLMs) inherit it
-    ray.init(
-        num_cpus=2,
-        resources={LIVE_SLOT_RESOURCE: 2},
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    start_ray_with_two_slots()
     events: list[Any] = []
     header = {"profile_hash": "h", "backend": "vllm", "algorithm": "hillclimb", "seed": 0, "guided": False}
     journal = Journal(tmp_path / "tune-journal.jsonl", header, resume=False)

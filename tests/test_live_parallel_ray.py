@@ -7,7 +7,6 @@ it these are skipped."""
 from __future__ import annotations
 
 import asyncio
-import functools
 import os
 import time
 from collections.abc import Iterator
@@ -18,7 +17,6 @@ import pytest
 
 from core.executor import ExecutorSpec
 from core.profile import load_profile
-from core.tune.job import run_tune
 from core.tune.live_parallel import ENV_CPU_SLOTS, LIVE_SLOT_RESOURCE
 from tests import test_live_parallel
 from tests.test_live_parallel import (
@@ -26,10 +24,11 @@ from tests.test_live_parallel import (
     assert_no_server_left,
     lines,
     most_at_once,
-    scripted_backend,
     serial_tune,
     small_spec,
+    start_ray_with_two_slots,
     trail,
+    tune_on_slots,
 )
 
 ray = pytest.importorskip("ray")
@@ -40,14 +39,7 @@ RAY = ExecutorSpec("ray")
 def local_ray() -> Iterator[None]:
     """A local Ray with two serving slots and a core set for each (its workers inherit the variable)."""
     saved = os.environ.get(ENV_CPU_SLOTS)
-    os.environ[ENV_CPU_SLOTS] = "0 1"
-    ray.init(
-        num_cpus=2,
-        resources={LIVE_SLOT_RESOURCE: 2},
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
+    start_ray_with_two_slots()
     # The test module's server factory travels by value: Ray's workers do not import the tests package.
     ray.cloudpickle.register_pickle_by_value(test_live_parallel)
     try:
@@ -71,14 +63,7 @@ def test_ray_measures_two_segments_at_once_one_per_slot_and_the_tuner_takes_the_
 
     async def tune() -> Any:
         async with RAY.open(events.append, "tune") as executor:
-            return await run_tune(
-                profile,
-                backend_kind="vllm",
-                sink=events.append,
-                spec=spec,
-                executor=executor,
-                make_server=functools.partial(scripted_backend, log, 1.0),
-            )
+            return await tune_on_slots(profile, spec, executor, log, 1.0, events.append)
 
     result = asyncio.run(tune())
     assert trail(result) == trail(serial)
@@ -101,16 +86,8 @@ def test_cancelling_a_tune_ends_its_ray_tasks_and_leaves_no_server(tmp_path: Pat
 
     async def main() -> Any:
         async with RAY.open(job="tune") as executor:
-            run = asyncio.ensure_future(
-                run_tune(
-                    profile,
-                    backend_kind="vllm",
-                    sink=lambda e: None,
-                    spec=small_spec(profile, steps=1),
-                    executor=executor,
-                    make_server=functools.partial(scripted_backend, log, 600.0),  # a segment that would not end
-                )
-            )
+            # Segments that would not end for 10 minutes.
+            run = asyncio.ensure_future(tune_on_slots(profile, small_spec(profile, steps=1), executor, log, 600.0))
             deadline = time.monotonic() + 120
             while sum(e["event"] == "start" for e in lines(log)) < 2 and time.monotonic() < deadline:
                 await asyncio.sleep(0.2)
