@@ -1,6 +1,6 @@
 """Two live segments side by side on a local Ray against the same two one after another (issue 24 item 3).
 
-    SLO_CONSOLE_VLLM_PYTHON=... python benchmarks/live_parallel.py [--profile slo-tuner-cpu] [--measure-s 10]
+    SLO_CONSOLE_VLLM_PYTHON=... python benchmarks/live_parallel.py [--profile slo-tuner-cpu] [--measure-s 30]
 
 The two candidates are speculation 8 wide (the profile's useless draft) and speculation off, 4 clients,
 8 sequences. Side by side: a local Ray with two `vllm_slot`s and SLO_CONSOLE_VLLM_CPU_SLOTS="0 1" (one core
@@ -72,7 +72,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--profile", default="slo-tuner-cpu")
     parser.add_argument("--warmup-s", type=float, default=3.0)
-    parser.add_argument("--measure-s", type=float, default=10.0)
+    parser.add_argument("--measure-s", type=float, default=30.0)
     args = parser.parse_args()
     profile = load_profile(args.profile)
     server = profile.server.model_copy(update={"startup_timeout_s": 900.0})

