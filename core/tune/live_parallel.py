@@ -144,6 +144,7 @@ class RayLiveSegmentRunner:
         ray = getattr(executor, "ray", None)
         if ray is None:
             raise BackendUnavailable("live segments side by side need --executor ray")
+        self.ray_error: type[BaseException] | tuple[()] = getattr(getattr(ray, "exceptions", None), "RayError", ())
         self.profile = profile
         self.spec = spec
         self.executor = executor
@@ -163,7 +164,7 @@ class RayLiveSegmentRunner:
         label = f"live segment {point.label()} x{fraction:.3g}"
         try:
             return await self.executor.run(label, live_segment_task, *args, demand=self.demand)
-        except Exception as exc:
+        except self.ray_error as exc:
             # A task's own exception comes back wrapped (RayTaskError); the cause is what the serial tuner
             # would have seen. A worker that died (killed, out of memory) is a failed segment: scored -inf.
             cause = getattr(exc, "cause", None)
