@@ -29,7 +29,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -80,14 +80,16 @@ class Executor:
         self.started = 0
         self.done = 0
 
-    async def run(self, label: str, fn: Task, *args: Any) -> Any:
-        """`await fn(*args)` where this executor runs tasks; `label` names it in the progress events."""
+    async def run(self, label: str, fn: Task, *args: Any, demand: Mapping[str, Any] | None = None) -> Any:
+        """`await fn(*args)` where this executor runs tasks; `label` names it in the progress events.
+        `demand`: what the task holds while it runs, as Ray task options (`{"num_gpus": 1}`, a custom
+        resource): Ray places and queues it by that; a local executor has one machine and ignores it."""
         self.started += 1
         if not self.parallel:
             result = await fn(*args)
             self.done += 1
             return result
-        result, wall_s, cpu_s = await self._run(fn, args)
+        result, wall_s, cpu_s = await self._run(fn, args, demand)
         self.done += 1
         self.sink(
             make_event(
@@ -107,7 +109,7 @@ class Executor:
         """How many tasks run at once (a caller with work to spare may start more than it needs)."""
         return 1
 
-    async def _run(self, fn: Task, args: tuple[Any, ...]) -> tuple[Any, float, float]:
+    async def _run(self, fn: Task, args: tuple[Any, ...], demand: Mapping[str, Any] | None) -> tuple[Any, float, float]:
         """A parallel executor's `_run_task(fn, args)` where it runs tasks."""
         raise NotImplementedError
 
@@ -207,7 +209,7 @@ class ProcessExecutor(Executor):
     def slots(self) -> int:
         return self.workers
 
-    async def _run(self, fn: Task, args: tuple[Any, ...]) -> Any:
+    async def _run(self, fn: Task, args: tuple[Any, ...], demand: Mapping[str, Any] | None) -> Any:
         if self.pool is None:
             context = pool_context([fn.__module__])
             self.pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_pool_worker_init)
@@ -265,8 +267,8 @@ class RayExecutor(Executor):
     def slots(self) -> int:
         return int(self.ray.cluster_resources().get("CPU", 1))
 
-    async def _run(self, fn: Task, args: tuple[Any, ...]) -> Any:
-        ref = self.remote.remote(fn, args)
+    async def _run(self, fn: Task, args: tuple[Any, ...], demand: Mapping[str, Any] | None) -> Any:
+        ref = (self.remote if demand is None else self.remote.options(**demand)).remote(fn, args)
         try:
             return await ref
         except asyncio.CancelledError:

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -234,7 +235,8 @@ time.sleep(600)
 """
 
 
-def test_a_server_dies_with_its_owner_even_on_sigkill(log_dir: Path, tmp_path: Path) -> None:
+def start_owner(log_dir: Path, tmp_path: Path) -> tuple[Any, int]:
+    """Another python that starts a fake server (OWNER): the process and the server's group id."""
     import subprocess
 
     repo = str(Path(__file__).resolve().parent.parent)
@@ -242,18 +244,41 @@ def test_a_server_dies_with_its_owner_even_on_sigkill(log_dir: Path, tmp_path: P
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER, repo, FAKE_SERVER, str(log_dir)], stdout=subprocess.PIPE, text=True, env=env
     )
+    assert owner.stdout is not None
+    return owner, int(owner.stdout.readline())
+
+
+def wait_group_gone_or_fail(pgid: int, timeout_s: float, message: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while group_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert group_members(pgid) == [], message
+
+
+def test_a_server_dies_with_its_owner_even_on_sigkill(log_dir: Path, tmp_path: Path) -> None:
+    owner, pgid = start_owner(log_dir, tmp_path)
     try:
-        assert owner.stdout is not None
-        pgid = int(owner.stdout.readline())
         assert group_members(pgid), "the server never started"
         registered = list((tmp_path / "cache" / "servers").glob("*.json"))
         assert [p.stem for p in registered] == [str(pgid)]
         owner.kill()  # SIGKILL: no atexit, no finally in the owner
         owner.wait()
-        deadline = time.monotonic() + 10
-        while group_members(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert group_members(pgid) == [], "the server outlived the slo-console that started it"
+        wait_group_gone_or_fail(pgid, 10, "the server outlived the slo-console that started it")
+    finally:
+        owner.kill()
+
+
+def test_a_server_goes_when_its_owner_and_its_supervisor_are_both_sigkilled(log_dir: Path, tmp_path: Path) -> None:
+    # What Ray does when a task's worker ends: the worker is killed and its direct children, the supervisor
+    # among them, are SIGKILLed too. Neither can stop the group; the supervisor's warden does.
+    owner, pgid = start_owner(log_dir, tmp_path)
+    try:
+        assert len(group_members(pgid)) >= 3, "supervisor, warden, server (and its grandchild) never started"
+        os.kill(owner.pid, signal.SIGSTOP)  # frozen: its crash watcher cannot stop the group for it
+        os.kill(pgid, signal.SIGKILL)  # the supervisor
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait()
+        wait_group_gone_or_fail(pgid, 15, "the server outlived its killed owner and supervisor")
     finally:
         owner.kill()
 

@@ -12,6 +12,12 @@ starts ARGV in that group and watches two things:
 On end-of-file, SIGTERM, SIGINT or SIGHUP it stops the whole group: SIGTERM, GRACE_S seconds for vLLM's API
 server, engine core and workers to exit, then SIGKILL to whatever is left.
 
+The supervisor can itself be killed outright: a Ray worker that ends (a cancelled or crashed task) has its
+direct children SIGKILLed by Ray (its `kill_child_processes_on_worker_exit`, on by default), and that is the
+supervisor, not the server. So the supervisor first forks a warden into the group, holding the read end of a
+pipe whose write end only the supervisor holds: when the supervisor is gone by any means, the warden reads
+end-of-file and stops the group the same way. A normal stop's SIGTERM to the group ends the warden with it.
+
 Why a lifeline pipe and not PR_SET_PDEATHSIG: Linux sends the parent-death signal when the *thread* that
 forked the child ends, not the process, and slo-console starts servers from worker threads
 (`asyncio.to_thread`, whose threads end with each `asyncio.run`): with PR_SET_PDEATHSIG a server started in
@@ -74,6 +80,27 @@ def _stop_group(child: subprocess.Popen[bytes] | None, grace_s: float) -> None:
         os.killpg(pgid, signal.SIGKILL)  # the supervisor too: it has nothing left to do
 
 
+def _start_warden(grace_s: float) -> int:
+    """Fork the warden (see the module docstring); return the pipe end the supervisor keeps open for life."""
+    read_end, write_end = os.pipe()  # not inherited by the server (os.pipe's ends are non-inheritable)
+    if os.fork() == 0:
+        try:
+            os.close(write_end)
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_DFL)  # the group's SIGTERM on a normal stop ends the warden too
+            while True:
+                try:
+                    if not os.read(read_end, 1):
+                        break  # the supervisor is gone without stopping the group
+                except InterruptedError:
+                    continue
+            _stop_group(None, grace_s)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    return write_end
+
+
 def _exit_like(returncode: int) -> None:
     if returncode < 0:
         signal.signal(-returncode, signal.SIG_DFL)
@@ -90,6 +117,7 @@ def main(argv: list[str]) -> None:
     child: subprocess.Popen[bytes] | None = None
     fd = int(lifeline)
     try:
+        _start_warden(float(grace_s))
         child = subprocess.Popen(command, close_fds=True)
         while True:
             returncode = child.poll()

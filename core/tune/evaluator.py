@@ -56,8 +56,8 @@ class Evaluator:
         self.measured = 0  # new segments in this process
         self.resumed = 0  # segments taken from the journal
         self.memo_hits = 0
-        # Measurements taken ahead by evaluate_many, by (configuration, fraction, seed), each used once.
-        self.ready: dict[tuple[tuple[int, int, int], float, int], Measurement] = {}
+        # Segments measured ahead by evaluate_many (already journaled), by journal key, each used once.
+        self.ready: dict[str, Segment] = {}
 
     @property
     def variant(self) -> str:
@@ -94,8 +94,13 @@ class Evaluator:
                 self.memo_hits += 1
                 return cached
         key = self.segment_key(point, phase, step, fraction)
-        stored = self.journal.lookup(key) if self.journal is not None else None
-        if stored is not None:
+        ahead = self.ready.pop(key, None)
+        stored = self.journal.lookup(key) if self.journal is not None and ahead is None else None
+        if ahead is not None:
+            segment = ahead
+            self.measured += 1
+            source = "measured"
+        elif stored is not None:
             self.resumed += 1
             segment = stored
             source = "journal"
@@ -118,27 +123,46 @@ class Evaluator:
         self, points: Sequence[Point], *, phase: str, step: int, fraction: float = 1.0
     ) -> list[Segment]:
         """`[await self.evaluate(p, phase=phase, step=step, fraction=fraction) for p in points]`, with the
-        same segments, events, journal and budget; on a parallel runner (SimSegmentRunner with a pool or Ray)
-        the points that loop would measure are measured side by side first, at most as many as the budget
-        has left, so the loop's answers and its BudgetExhausted come out exactly as they would one by one."""
+        same segments, events and budget; on a parallel runner (a process pool, Ray tasks, live segments on
+        Ray) the points that loop would measure are measured side by side first, each journaled the moment
+        it finishes (a Ctrl-C or a kill mid-step keeps the finished ones for --resume), so the loop's
+        answers and its BudgetExhausted come out exactly as they would one by one."""
         if getattr(self.runner, "parallel", False):
-            todo: dict[tuple[int, int, int], Point] = {}
-            for point in points:
-                key = self.segment_key(point, phase, step, fraction)
-                seen = self.known(point, fraction) is not None or point.config_key in todo
-                if seen or (self.journal is not None and self.journal.lookup(key) is not None):
-                    continue
-                if len(todo) >= self.budget_left():
-                    break
-                todo[point.config_key] = point
+            todo = self._ahead_of(points, phase, step, fraction)
             seed = self.seed_for(phase, step)
-            async with asyncio.TaskGroup() as group:
-                measuring = [
-                    (p, group.create_task(self.runner.measure(p, seed=seed, fraction=fraction))) for p in todo.values()
-                ]
-            for point, task in measuring:
-                self.ready[(point.config_key, fraction, seed)] = task.result()
+            measuring = [asyncio.ensure_future(self._measure_ahead(p, k, phase, step, fraction, seed)) for k, p in todo]
+            try:
+                await asyncio.gather(*measuring)
+            finally:
+                for task in measuring:  # one failed or the step was cancelled: stop the others
+                    task.cancel()
+                await asyncio.gather(*measuring, return_exceptions=True)
         return [await self.evaluate(point, phase=phase, step=step, fraction=fraction) for point in points]
+
+    def _ahead_of(self, points: Sequence[Point], phase: str, step: int, fraction: float) -> list[tuple[str, Point]]:
+        """(key, point) for each point the one-by-one loop would measure, in its order: not known, not in
+        the journal, within the budget (a journaled point spends budget too, as `evaluate` counts it)."""
+        left = self.budget_left()
+        seen: set[tuple[int, int, int]] = set()
+        todo: list[tuple[str, Point]] = []
+        for point in points:
+            if self.known(point, fraction) is not None or point.config_key in seen:
+                continue
+            seen.add(point.config_key)
+            key = self.segment_key(point, phase, step, fraction)
+            if self.journal is None or self.journal.lookup(key) is None:
+                if left <= 0:
+                    break
+                todo.append((key, point))
+            left -= 1
+        return todo
+
+    async def _measure_ahead(self, point: Point, key: str, phase: str, step: int, fraction: float, seed: int) -> None:
+        result = await self.runner.measure(point, seed=seed, fraction=fraction)
+        segment = self._segment(point, key, phase, step, fraction, result)
+        if self.journal is not None:
+            self.journal.append(segment)
+        self.ready[key] = segment
 
     def seed_for(self, phase: str, step: int) -> int:
         # Each take of the final re-measurement (core/tune/job.remeasure_final) draws afresh: a retake with the
@@ -146,10 +170,10 @@ class Evaluator:
         return self.seed + (FINAL_SEED_OFFSET + step if phase == "final" else 0)
 
     async def _measure(self, point: Point, key: str, phase: str, step: int, fraction: float) -> Segment:
-        seed = self.seed_for(phase, step)
-        result = self.ready.pop((point.config_key, fraction, seed), None)
-        if result is None:
-            result = await self.runner.measure(point, seed=seed, fraction=fraction)
+        result = await self.runner.measure(point, seed=self.seed_for(phase, step), fraction=fraction)
+        return self._segment(point, key, phase, step, fraction, result)
+
+    def _segment(self, point: Point, key: str, phase: str, step: int, fraction: float, result: Measurement) -> Segment:
         summary = result.summary
         segment = Segment(
             key=key,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,12 +155,15 @@ async def run_tune(
     backend: Backend | None = None,
     spec: TunerSpec | None = None,
     executor: Executor | None = None,
+    make_server: Callable[[Profile], Backend] | None = None,
 ) -> TuneResult:
     """Tune the profile's knobs. `backend`: a ready backend object for `backend_kind` "vllm" (tests inject
     one; default: `make_backend`). `spec` overrides `profile.tuner`. Raises ProfileError for bad input and
     BackendUnavailable when the engine cannot run at all; a single configuration that fails is scored -inf.
     `executor` (core/executor.py) runs the simulator's segments; with a pool or Ray, a sweep's segments run
-    side by side (the same segments as one by one)."""
+    side by side (the same segments as one by one). With Ray and no `backend`, live segments are Ray tasks
+    too, one serving slot each (core/tune/live_parallel.py), each starting its server with `make_server`
+    (a module-level function, default: the vLLM backend the serial tuner builds)."""
     spec = spec or profile.tuner
     if profile.slo.e2e_s is None:
         raise ProfileError(f"profile {profile.name!r}: --job tune needs slo.e2e_s (the p99 target); add it")
@@ -172,6 +176,10 @@ async def run_tune(
     target_runner: SegmentRunner
     if backend_kind == "sim":
         target_runner = sim_runner
+    elif backend is None and executor is not None and executor.kind == "ray":
+        from core.tune.live_parallel import RayLiveSegmentRunner, vllm_backend
+
+        target_runner = RayLiveSegmentRunner(profile, spec, executor, make_server or vllm_backend)
     else:
         if backend is None:
             from core.backends.factory import make_backend
