@@ -1,6 +1,6 @@
 """SLO-Tuner against a REAL vLLM (the CPU build, tiny model, low-acceptance draft), reduced: the guided search
 sweeps the calibrated simulator, then only the baseline, the simulator's first two picks and the final
-re-measurement are measured live, each on a vLLM restarted with the segment's knobs (4 starts, ~4 minutes on 2 cores).
+re-measurement are measured live, each on a vLLM restarted with the segment's knobs (4 starts, ~5 minutes on 2 cores).
 Two picks, not one: when the baseline happens to measure well its p99 / simulated p99 ratio is ~0.6, so the
 first pick (12 clients) can land over the SLO live; the second pick, corrected by both measurements, is the
 one the full search would take next (a CI run with one pick ended at the start, 2026-11-23).
