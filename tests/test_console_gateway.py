@@ -75,12 +75,17 @@ async def test_restart_with_edited_knobs_is_a_replica_swap_at_a_launch_gateway()
             await wait_until(pilot, lambda: app.state.gateway is not None)
             assert app.state.gateway is not None and app.state.gateway.replica_swap
             assert not app.state.gateway.online_tune
-            knobs = app.state.profile.knobs.model_copy(update={"max_num_seqs": 12})
+            # 16: neither the gateway's server (8) nor the console's quickstart profile (12) has it, so the
+            # profile's knobs become 16 only from the swap's answer. Wait on that answer (its notification): a
+            # condition already true before the swap (12 was quickstart's own) let the asserts run mid-swap on a
+            # loaded machine.
+            assert app.state.profile.knobs.max_num_seqs != 16
+            knobs = app.state.profile.knobs.model_copy(update={"max_num_seqs": 16})
             app.process.action("restart", knobs)
-            await wait_until(pilot, lambda: app.state.profile.knobs.max_num_seqs == 12)
-            assert replicas.swaps == 1 and [k.max_num_seqs for k in replicas.started] == [8, 12]
+            await wait_until(pilot, lambda: any("now serves with" in n.message for n in app._notifications))
+            assert replicas.swaps == 1 and [k.max_num_seqs for k in replicas.started] == [8, 16]
             assert [u.retired for u in gateway.upstreams] == [True, False]
-            assert any("now serves with" in n.message for n in app._notifications)
+            assert app.state.profile.knobs.max_num_seqs == 16
             await app.shutdown()
 
 

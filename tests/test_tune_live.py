@@ -1,6 +1,6 @@
 """SLO-Tuner against a REAL vLLM (the CPU build, tiny model, low-acceptance draft), reduced: the guided search
 sweeps the calibrated simulator, then only the baseline, the simulator's first two picks and the final
-re-measurement are measured live, each on a vLLM restarted with the segment's knobs (4 starts, ~3 minutes on 2 cores).
+re-measurement are measured live, each on a vLLM restarted with the segment's knobs (4 starts, ~5 minutes on 2 cores).
 Two picks, not one: when the baseline happens to measure well its p99 / simulated p99 ratio is ~0.6, so the
 first pick (12 clients) can land over the SLO live; the second pick, corrected by both measurements, is the
 one the full search would take next (a CI run with one pick ended at the start, 2026-11-23).
@@ -67,7 +67,13 @@ def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_pa
 
     profile = load_profile("slo-tuner-cpu")
     # The default guided search cut to 4 live segments: the baseline, the simulator's first two picks, the final.
-    spec = profile.tuner.model_copy(update={"segment_budget": 4, "guided_verify": 2, "warmup_s": 3.0, "measure_s": 8.0})
+    # Windows: the paper's 10 s warm-up discarded (sec. II-B, the profile's default) and 16 s measured. With a
+    # 3 s warm-up and 8 s (under 100 requests, so p99 was the slowest one or two) a CI run at load 12-20
+    # re-measured the tuned point at p99 1.39 s with TTFT p99 1.39 s and TPOT p99 10 ms: start-up or queueing
+    # stalls of a starved machine, not the knobs. Full-length runs (docs/tuner.md, 10 s + 30 s): 0.72-0.93 s.
+    spec = profile.tuner.model_copy(
+        update={"segment_budget": 4, "guided_verify": 2, "warmup_s": 10.0, "measure_s": 16.0}
+    )
     backend = RecordingBackend(VllmBackend.from_profile(profile, python=VLLM_PYTHON))
     events: list[Event] = []
     result = asyncio.run(
@@ -86,7 +92,7 @@ def test_guided_live_tuning_turns_speculation_down_and_multiplies_goodput(tmp_pa
     # 4, or 6 when the final re-measurement contradicted the search and was taken twice more (a slow spell).
     assert result.segments_used == len(backend.starts) in (4, 4 + FINAL_RETAKES)
     # Large, repeatable effects only. On 2 shared cores the start's p99 has ranged from 0.99 s to 5.6 s between
-    # runs (CI once measured it under the 1.0 s SLO) and a tuned 8 s re-measurement from ~0.6 s to 1.19 s, so
+    # runs (CI once measured it under the 1.0 s SLO) and a tuned 8 s re-measurement from ~0.6 s to 1.39 s, so
     # neither "the start violates" nor a goodput multiple is asserted here. What must hold every time: the
     # tuner turns the useless draft down, its answer keeps p99 near the SLO, and it does not end worse than
     # where it started.
