@@ -55,6 +55,16 @@ def local_ray() -> Iterator[None]:
             os.environ[ENV_CPU_SLOTS] = saved
 
 
+def free_slots_within(timeout_s: float) -> float:
+    """The cluster's free serving slots once both are back or `timeout_s` has passed. Ray's view of available
+    resources is refreshed from the raylet asynchronously, so right after the last task ends it can still show
+    a slot held (CI once read 1.0 at once); a slot that is never given back still fails the caller's assert."""
+    deadline = time.monotonic() + timeout_s
+    while ray.available_resources().get(LIVE_SLOT_RESOURCE, 0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return ray.available_resources().get(LIVE_SLOT_RESOURCE, 0)
+
+
 def test_ray_measures_two_segments_at_once_one_per_slot_and_the_tuner_takes_the_serial_segments(
     tmp_path: Path,
 ) -> None:
@@ -80,7 +90,7 @@ def test_ray_measures_two_segments_at_once_one_per_slot_and_the_tuner_takes_the_
     done = [e for e in events if e["event"] == "task_done"]
     assert len(done) == result.segments_used and {e["executor"] for e in done} == {"ray"}
     assert_no_server_left(log)
-    assert ray.available_resources().get(LIVE_SLOT_RESOURCE) == 2
+    assert free_slots_within(60.0) == 2
 
 
 def test_cancelling_a_tune_ends_its_ray_tasks_and_leaves_no_server(tmp_path: Path) -> None:
@@ -102,9 +112,7 @@ def test_cancelling_a_tune_ends_its_ray_tasks_and_leaves_no_server(tmp_path: Pat
     result = asyncio.run(main())
     assert result.interrupted and result.segments_used == 0
     assert_no_server_left(log, timeout_s=60)
-    while ray.available_resources().get(LIVE_SLOT_RESOURCE, 0) < 2 and time.monotonic() - started < 120:
-        time.sleep(0.5)
-    assert ray.available_resources().get(LIVE_SLOT_RESOURCE) == 2
+    assert free_slots_within(max(1.0, 120.0 - (time.monotonic() - started))) == 2
 
 
 def test_a_node_without_vllm_stops_the_tune_with_the_serial_tuners_one_line_error() -> None:
