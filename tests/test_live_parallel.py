@@ -25,13 +25,13 @@ from core.backend_api import BackendUnavailable
 from core.events import null_sink
 from core.executor import Executor
 from core.profile import Profile, load_calibration, load_profile
+from core.serve.cpu_binding import OMP_BIND_ENV
 from core.serve.process import ServerProcess
 from core.serve.process_group import group_members
 from core.tune.job import TuneResult, run_tune
 from core.tune.live_parallel import (
     ENV_CPU_SLOTS,
     LIVE_SLOT_RESOURCE,
-    VLLM_BIND_ENV,
     _task_profile,
     cpu_slot,
     slot_demand,
@@ -88,7 +88,7 @@ class ScriptedServedBackend:
             startup_timeout_s=120.0,
         )
         await asyncio.to_thread(self.process.start)
-        self._note(event="start", pgid=self.process.pid, bind=self.profile.server.env.get(VLLM_BIND_ENV))
+        self._note(event="start", pgid=self.process.pid, bind=self.profile.server.env.get(OMP_BIND_ENV))
 
     async def run(self, plan: Any, observer: Any = None) -> Any:
         from core.backends.sim import SimBackend
@@ -250,10 +250,10 @@ def test_a_segment_task_serves_on_a_free_port_and_its_slots_cores_unless_the_pro
     profile = load_profile(PAPER)
     pinned = profile.model_copy(update={"server": profile.server.model_copy(update={"port": 8000})})
     served = _task_profile(pinned, "1")
-    assert served.server.port == 0 and served.server.env[VLLM_BIND_ENV] == "1"
-    own = profile.model_copy(update={"server": profile.server.model_copy(update={"env": {VLLM_BIND_ENV: "3"}})})
-    assert _task_profile(own, "1").server.env[VLLM_BIND_ENV] == "3"
-    assert VLLM_BIND_ENV not in _task_profile(profile, None).server.env
+    assert served.server.port == 0 and served.server.env[OMP_BIND_ENV] == "1"
+    own = profile.model_copy(update={"server": profile.server.model_copy(update={"env": {OMP_BIND_ENV: "3"}})})
+    assert _task_profile(own, "1").server.env[OMP_BIND_ENV] == "3"
+    assert OMP_BIND_ENV not in _task_profile(profile, None).server.env
 
 
 # ------------------------------------------------------------------ the tuner

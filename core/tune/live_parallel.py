@@ -33,6 +33,7 @@ from typing import Any
 from core.backend_api import Backend, BackendUnavailable
 from core.executor import Executor
 from core.profile import Profile, TunerSpec
+from core.serve.cpu_binding import OMP_BIND_ENV
 from core.tune.knobspace import Point
 from core.tune.score import Variant
 from core.tune.segment import LiveSegmentRunner, Measurement
@@ -42,7 +43,6 @@ LIVE_SLOT_RESOURCE = "vllm_slot"  # a CPU node's serving slots (a GPU cluster us
 # VLLM_CPU_OMP_THREADS_BIND syntax ("0 1": one core each). Two vLLM CPU servers left to vLLM's own binding
 # both take the same core and stall each other (tests/test_replica_swap_live.py saw start-ups of 225 s+).
 ENV_CPU_SLOTS = "SLO_CONSOLE_VLLM_CPU_SLOTS"
-VLLM_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
 
 BackendFactory = Callable[[Profile], Backend]
 
@@ -101,7 +101,7 @@ def _task_profile(profile: Profile, bind: str | None) -> Profile:
     the node) and, on a CPU slot, vLLM bound to the slot's cores unless the profile binds it itself."""
     env = dict(profile.server.env)
     if bind is not None:
-        env.setdefault(VLLM_BIND_ENV, bind)
+        env.setdefault(OMP_BIND_ENV, bind)
     return profile.model_copy(update={"server": profile.server.model_copy(update={"port": 0, "env": env})})
 
 
