@@ -94,7 +94,7 @@ def test_two_candidates_measured_at_once_on_two_vllm_cpu_servers_one_core_each(t
     errors = [e.get("error") for e in events if e["event"] == "tune_segment"]
     for segment in (wide, off):
         assert segment.ok, errors
-        assert segment.completed >= 1 and segment.failed == 0
+        assert segment.completed >= 1 and segment.failed == 0, (segment.point, segment.summary.get("failure_causes"))
     notes = {point: measurement.notes or {} for point, measurement in taken}
     # One core each, at the same time: each started before the other ended.
     assert {notes[WIDE]["cpu_slot"], notes[OFF]["cpu_slot"]} == {"0", "1"}

@@ -196,6 +196,8 @@ class Evaluator:
             segment.failed = summary.failed
             segment.window_s = summary.window_s
             segment.summary = summary.to_dict()
+            if result.notes and result.notes.get("failure_causes"):
+                segment.summary["failure_causes"] = result.notes["failure_causes"]
         if result.error is None and summary is not None:
             segment.score = self.score_of(point, summary.goodput_rps, summary.p99_s)
             if not math.isfinite(segment.score):
@@ -217,6 +219,8 @@ class Evaluator:
         }
         if segment.error:
             fields["error"] = segment.error
+        if segment.summary.get("failure_causes"):
+            fields["failure_causes"] = segment.summary["failure_causes"]
         if segment.measure_fraction != 1.0:
             fields["measure_fraction"] = segment.measure_fraction
         self.sink(make_event("tune_segment", **fields))

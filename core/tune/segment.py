@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -23,6 +24,7 @@ from core.backend_api import Backend, BackendUnavailable, LoadPlan, RunOutcome
 from core.executor import Executor
 from core.metrics import Summary, summarize
 from core.profile import Calibration, Profile, ProfileError, TunerSpec
+from core.records import RequestRecord
 from core.tune.knobspace import Point
 from core.tune.score import Variant
 from core.workload import build_load_plan
@@ -188,10 +190,20 @@ class LiveSegmentRunner:
         summary = _summarize(self.profile, outcome)
         if summary.completed == 0:
             return Measurement(summary, wall_s, error="no request completed in the measurement window")
-        return Measurement(summary, wall_s, notes={"startup_s": notes.get("startup_s")})
+        measured_notes: dict[str, Any] = {"startup_s": notes.get("startup_s")}
+        if summary.failed:
+            measured_notes["failure_causes"] = failure_causes(outcome.records)
+        return Measurement(summary, wall_s, notes=measured_notes)
 
     async def close(self) -> None:
         await _stop_quietly(self.backend)
+
+
+def failure_causes(records: list[RequestRecord], most: int = 3) -> dict[str, int]:
+    """The commonest causes of the measured requests that failed, with their counts: a live segment with
+    failures says why (a timeout, a broken stream, an HTTP error), not only how many."""
+    causes = Counter(r.error or r.status.value for r in records if not r.warmup and not r.ok)
+    return dict(causes.most_common(most))
 
 
 def _server_start_error() -> type[BaseException]:
