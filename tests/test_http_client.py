@@ -360,3 +360,38 @@ async def test_sse_lines_split_across_reads_or_joined_in_one_are_parsed_and_stam
     assert first >= 0.045  # stamped when its line was complete, not when its first half arrived
     assert third - second < 0.02 <= second - first  # arrived together, stamped together
     assert fourth - third >= 0.04
+
+
+async def test_a_keep_alive_connection_closed_by_the_server_is_retried_once_on_a_fresh_one() -> None:
+    """uvicorn closes a connection idle for 5 s; a client that was not scheduled meanwhile sends its next
+    request on it before reading the close, and the POST fails before the server read it (a CI run: four
+    requests failed at once on a loaded machine, all 200 OK in vLLM's log). Here the server drops every
+    connection's second request unanswered, the same failure made certain: the request is sent again on a
+    fresh connection and completes."""
+    from aiohttp import web
+
+    requests_by_port: dict[int, int] = {}
+
+    async def completions(request: web.Request) -> web.StreamResponse:
+        port = request.transport.get_extra_info("peername")[1]  # type: ignore[union-attr]
+        requests_by_port[port] = requests_by_port.get(port, 0) + 1
+        if requests_by_port[port] > 1:
+            request.transport.abort()  # type: ignore[union-attr]
+            return web.Response()
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        chunk = {"choices": [{"index": 0, "text": "x", "finish_reason": "length"}], "usage": {"completion_tokens": 1}}
+        await response.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
+        await response.write_eof()
+        return response
+
+    async with raw_completions_server(completions) as port, aiohttp.ClientSession() as http:
+        client = StreamingClient(http, f"http://127.0.0.1:{port}", "m")
+        try:
+            records = [await client.send(spec(request_id=i, output_tokens=1), time.perf_counter()) for i in range(3)]
+        finally:
+            await client.close()
+
+    assert [r.status for r in records] == [Status.OK] * 3, [r.error for r in records]
+    assert client.poster.retries == 1  # the pooled connection's second request; the fresh one closes after each
+    assert sorted(requests_by_port.values()) == [1, 1, 2]

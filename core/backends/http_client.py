@@ -28,6 +28,7 @@ import numpy as np
 from core.backends.prompts import PromptBuilder, load_token_counter
 from core.gateway.protocol import HEADER_SENT_AT
 from core.gateway.protocol import slo_fields as gateway_slo_fields
+from core.gateway.upstream import StaleConnectionRetry
 from core.records import RequestRecord, RequestSpec, Status
 
 __all__ = ["Api", "PromptBuilder", "StreamingClient", "is_loopback", "load_token_counter", "open_load_session"]
@@ -56,14 +57,19 @@ def is_loopback(url: str) -> bool:
         return False
 
 
-def open_load_session(base_url: str, *, connect_timeout_s: float = 10.0) -> aiohttp.ClientSession:
+def open_load_session(
+    base_url: str, *, connect_timeout_s: float = 10.0, force_close: bool = False
+) -> aiohttp.ClientSession:
     """The HTTP session a load run streams its requests over (aiohttp, set up as `vllm bench serve` does).
 
-    No connection cap (queueing inside the client would count as server latency), keep-alive reuse, and
-    environment proxies only for non-loopback servers (a corporate HTTP_PROXY must not capture 127.0.0.1).
-    The per-request deadline is the client's own (`StreamingClient.request_timeout_s`).
+    No connection cap (queueing inside the client would count as server latency), keep-alive reuse (unless
+    `force_close`: a connection per request, for the retry of a stale one), and environment proxies only for
+    non-loopback servers (a corporate HTTP_PROXY must not capture 127.0.0.1). The per-request deadline is the
+    client's own (`StreamingClient.request_timeout_s`).
     """
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60, force_close=False)
+    # aiohttp refuses a keep-alive timeout on a connector that closes every connection.
+    reuse: dict[str, Any] = {"force_close": True} if force_close else {"keepalive_timeout": 60}
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, **reuse)
     return aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s),
@@ -124,6 +130,12 @@ class StreamingClient:
             raise ValueError(f"api must be 'completions' or 'chat', got {api!r}")
         self.http = http
         self.base_url = base_url.rstrip("/")
+        # A keep-alive connection the server closed while this client was not scheduled is retried once on a
+        # fresh one (StaleConnectionRetry): a busy machine must not turn into failed requests.
+        connect_s = http.timeout.sock_connect or 10.0
+        self.poster = StaleConnectionRetry(
+            http, lambda: open_load_session(self.base_url, connect_timeout_s=connect_s, force_close=True)
+        )
         self.model = model
         self.api: Api = api
         self.prompts = prompt_builder or PromptBuilder()
@@ -139,6 +151,10 @@ class StreamingClient:
         # Told about refused connections and broken streams, so a load driver can check whether the
         # server died rather than failing every remaining request one by one.
         self.on_transport_error = on_transport_error
+
+    async def close(self) -> None:
+        """Close what the client opened itself (the retry's fresh session; the pooled one is the caller's)."""
+        await self.poster.close()
 
     @property
     def url(self) -> str:
@@ -236,7 +252,8 @@ class StreamingClient:
     async def _stream(
         self, body: bytes, run_start: float, stream: _StreamState, headers: dict[str, str] = _JSON_HEADERS
     ) -> None:
-        async with self.http.post(self.url, data=body, headers=headers) as response:
+        response = await self.poster.post(self.url, data=body, headers=headers)
+        async with response:
             if response.status >= 400:
                 raw = await response.read()
                 text = raw.decode("utf-8", errors="replace")

@@ -189,10 +189,15 @@ class UrlBackend:
                 slo_fields=self.slo_fields,
                 temperature=self.temperature,
             )
-            await self._calibrate_prompts(http)
-            load = LoadRun(self, http, client, plan, observer)
-            outcome = await load.run()
+            try:
+                await self._calibrate_prompts(http)
+                load = LoadRun(self, http, client, plan, observer)
+                outcome = await load.run()
+            finally:
+                await client.close()
             outcome.notes["prompt_lengths"] = self.prompt_length_source
+            if client.poster.retries:
+                outcome.notes["stale_connection_retries"] = client.poster.retries
         self.metrics_at_start, self.metrics_at_end = load.metrics_first, load.metrics_last
         return outcome
 

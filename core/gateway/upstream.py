@@ -3,7 +3,8 @@ the reachability probe. HTTP is aiohttp's; nothing here parses HTTP by hand."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -28,6 +29,46 @@ def response_headers(upstream: aiohttp.ClientResponse) -> dict[str, str]:
     return {k: v for k, v in upstream.headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
 
 
+# What reusing a pooled keep-alive connection that the server has just closed raises before the status line
+# (a reset socket is a ClientOSError).
+STALE_CONNECTION_ERRORS = (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+class StaleConnectionRetry:
+    """POST on a pooled session, with the one retry of a stale keep-alive connection on a fresh one.
+
+    uvicorn (vLLM's HTTP server) closes a connection idle for 5 s. A client that was not scheduled for that
+    long (a busy machine) wakes, reads the end of a response and at once sends its next request on the same
+    connection before its event loop has read the server's close: the POST fails before the server read it.
+    That one case is retried once on a connection of its own (nothing was processed, so nothing runs twice);
+    the gateway toward its upstreams and the load client toward the server under test both need it. `retries`
+    counts them, so a run can say how often it happened."""
+
+    def __init__(self, pooled: aiohttp.ClientSession, make_fresh: Callable[[], aiohttp.ClientSession]) -> None:
+        self.pooled = pooled
+        self._make_fresh = make_fresh
+        self._fresh: aiohttp.ClientSession | None = None  # no pooling: force_close connections
+        self.retries = 0
+
+    async def post(self, url: str, **request: Any) -> aiohttp.ClientResponse:
+        """POST and wait for the status line (the response is the caller's to read and release)."""
+        try:
+            return await self.pooled.post(url, **request)
+        except aiohttp.ClientConnectorError:
+            raise  # no connection was made: not a stale one, and a second try would fail the same way
+        except STALE_CONNECTION_ERRORS:
+            if self._fresh is None:
+                self._fresh = self._make_fresh()
+            self.retries += 1
+            return await self._fresh.post(url, **request)
+
+    async def close(self) -> None:
+        """Close the fresh session (the pooled one is its owner's to close)."""
+        if self._fresh is not None:
+            await self._fresh.close()
+            self._fresh = None
+
+
 class UpstreamClient:
     """The gateway's HTTP client toward its upstreams: one session whose keep-alive connections are pooled."""
 
@@ -40,29 +81,23 @@ class UpstreamClient:
             # One session serves every client: an upstream's cookies must not pass from one client to the next.
             cookie_jar=aiohttp.DummyCookieJar(),
         )
-        self._fresh: aiohttp.ClientSession | None = None  # no pooling: for the one retry of a stale connection
+        self._poster = StaleConnectionRetry(
+            self.session,
+            lambda: aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
+                timeout=self.session.timeout,
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+            ),
+        )
 
     async def post(self, url: str, data: bytes, headers: dict[str, str]) -> aiohttp.ClientResponse:
-        """POST and wait for the status line. A pooled keep-alive connection that the server closed just as it
-        was reused fails before the server read the request; that one case is retried once on a fresh
-        connection (nothing was processed, so nothing runs twice)."""
-        try:
-            return await self.session.post(url, data=data, headers=headers)
-        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError):
-            if self._fresh is None:
-                self._fresh = aiohttp.ClientSession(
-                    connector=aiohttp.TCPConnector(limit=0, force_close=True),
-                    timeout=self.session.timeout,
-                    auto_decompress=False,
-                    cookie_jar=aiohttp.DummyCookieJar(),
-                )
-            return await self._fresh.post(url, data=data, headers=headers)
+        """POST and wait for the status line, retrying a stale keep-alive connection once (StaleConnectionRetry)."""
+        return await self._poster.post(url, data=data, headers=headers)
 
     async def close(self) -> None:
-        for session in (self.session, self._fresh):
-            if session is not None:
-                await session.close()
-        self._fresh = None
+        await self._poster.close()
+        await self.session.close()
 
 
 async def probe_upstreams(urls: Sequence[str], timeout_s: float = 5.0) -> list[str]:
