@@ -64,6 +64,11 @@ def draw_faults(count: int, seed: int, faulty: bool) -> list[str]:
     return [names[i] for i in rng.choice(len(names), size=count, p=weights / weights.sum())]
 
 
+def arrival_gaps(count: int, rate: float, seed: int) -> np.ndarray:
+    """The seeded open-loop arrivals: Poisson at `rate` per second (the same for the fault-free run)."""
+    return np.random.default_rng(seed + 1).exponential(1.0 / rate, size=count)
+
+
 # ---------------------------------------------------------------- the scripted mode
 
 
