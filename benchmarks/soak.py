@@ -1,34 +1,44 @@
 """Soak: many requests through the admission gateway over upstreams that misbehave on a seeded schedule.
 
     python benchmarks/soak.py [--requests 20000] [--rate 60] [--seed 0] [--max-seconds 600]
-        [--baseline-requests 3000]
+        [--baseline-requests 3000] [--in-process] [--worker-cpus C,U]
 
-Everything runs in one process on one event loop, on 127.0.0.1 only: the gateway (core/gateway/server.py, the
-same `Gateway` the standalone server runs), an aiohttp upstream that carries out each request's fault, a
-port where nothing listens, and an open-loop client (Poisson arrivals at `--rate`). Each request draws one
-fault from `FAULTS` (seeded; benchmarks/soak_faults.py): the upstream dies mid-stream, resets the connection,
-hangs without sending, truncates the stream or sends malformed events or an in-stream error, answers
-429/500/503, or trickles slowly; the connection is refused (the request is routed to the dead port); the
-mode rejects it, holds it and releases it later, or holds it until the load ends (deferred); the client hangs
-up early (after the first chunk, or while the request is held) or reads slowly. The routing, holds and rejections are a
-scripted `Policy` (`ScriptedFaults`): the soak tests the gateway's plumbing and accounting, the modes' own
-logic has its own tests.
+Three processes, on 127.0.0.1 only (benchmarks/soak_load.py): this one runs the gateway alone, as in
+production (core/gateway/server.py, the same `Gateway` the standalone server runs, with a port where nothing
+listens as its second upstream); an aiohttp upstream that carries out each request's fault, and an open-loop
+client (Poisson arrivals at `--rate`), each run in a process of its own that dies with this one (SIGKILL
+included). `--in-process` runs all three on one event loop, the soak's first form (the added latency then
+includes the time the client and the upstream took on that loop); `--worker-cpus` pins the client and the
+upstream to the given cores (pin this process with taskset).
+
+Each request draws one fault from `FAULTS` (seeded; benchmarks/soak_faults.py): the upstream dies
+mid-stream, resets the connection, hangs without sending, truncates the stream or sends malformed events or
+an in-stream error, answers 429/500/503, or trickles slowly; the connection is refused (the request is
+routed to the dead port); the mode rejects it, holds it and releases it later, or holds it until the load
+ends (deferred); the client hangs up early (after the first chunk, or while the request is held) or reads
+slowly. The routing, holds and rejections are a scripted `Policy` (`ScriptedFaults`): the soak tests the
+gateway's plumbing and accounting, the modes' own logic has its own tests.
 
 After the run it checks, and prints:
 - accounting: received = completed + rejected + deferred + failed, and every request's outcome (from the
   gateway's `gateway_request` events, by the client's request id) is the one its fault must give, with a
-  cause (no request left open or counted twice);
-- cleanup: asyncio tasks and open file descriptors after the run (gateway, sessions and upstream closed)
-  equal those before it, and no per-request state is left (held, in flight, decisions, the mode's queue);
-- memory: Python's live memory blocks before the load and after it drained (at most BLOCKS_ALLOWED more),
-  and the resident set size sampled through the run (it keeps the high-water mark of any backlog);
-- latency: the gateway's added latency (client end to end minus the upstream's own time, one clock) of the
-  requests no fault touched, p50 and p99 pooled and the median over windows of 500 of the p99 (one stall of
-  the machine spoils a window, not the figure), against a fault-free run of `--baseline-requests` first;
-  the check compares the windowed p99s (at most twice the fault-free one).
+  cause (no request left open or counted twice); the client's and the upstream's records come back to this
+  process after the run and are joined per request (benchmarks/soak_ledger.py);
+- cleanup: asyncio tasks and open file descriptors of the gateway's process after the run (gateway, sessions,
+  upstream and workers closed) equal those before it, and no per-request state is left (held, in flight,
+  decisions, the mode's queue);
+- memory, of the gateway's process: Python's live memory blocks before the load and after it drained (at
+  most BLOCKS_ALLOWED more), and the resident set size sampled through the run (it keeps the high-water mark
+  of any backlog);
+- latency: the gateway's added latency (the client's end to end minus the upstream's own time, each a
+  duration on its own process's monotonic clock) of the requests no fault touched, p50 and p99 pooled and
+  the median over windows of 500 of the p99 (one stall of the machine spoils a window, not the figure),
+  against a fault-free run of `--baseline-requests` first at the same rate; the check compares the windowed
+  p99s (at most twice the fault-free one).
 Exit code 0 when every check passes, 1 otherwise. Every loop is bounded in count and in time
 (`--max-seconds`: arrivals stop, what is open is waited for at most `DRAIN_S`, then everything is closed).
-tests/test_gateway_soak.py runs a short soak in the suite.
+Every process also reports what aiohttp and asyncio logged at ERROR. tests/test_gateway_soak.py runs a short
+soak in the suite; benchmarks/soak_device.sh the 100,000 requests on a quiet multi-core machine.
 """
 
 from __future__ import annotations
@@ -48,7 +58,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.soak_faults import HOST, UPSTREAM_TIMEOUT_S, ScriptedFaults, draw_faults
-from benchmarks.soak_ledger import ErrorLogs, GatewayRecord, join
+from benchmarks.soak_ledger import ErrorLogs, GatewayRecord, cpu_s, join
 from benchmarks.soak_load import InProcessLoad, ProcessLoad
 from core.gateway.server import Gateway
 from core.gateway.standalone import settle_heap
@@ -92,6 +102,7 @@ class SoakResult:
     blocks: tuple[int, int]
     added_s: list[float]  # added latency of untouched requests
     error_logs: list[str]
+    cpu_s: dict[str, float]  # CPU seconds over the run per process (gateway, client, upstream; one loop: all)
 
     @property
     def rss_growth_second_half_mb(self) -> float:
@@ -144,13 +155,13 @@ async def soak(
         blocks_before = sys.getallocatedblocks()
         warm_stats = gateway.stats.as_dict()
         rss[:] = [rss_mb()]
-        start = time.perf_counter()
+        start, start_cpu_s = time.perf_counter(), cpu_s()
         await load.run_arrivals()  # every request but the deferred ended (or DRAIN_S passed)
         gateway.end_arrivals()
         await load.finish()  # the deferred were answered; the client ended
         await gateway.settle(timeout_s=5.0)
         await asyncio.sleep(0.05)  # the last upstream handlers record their time
-        wall_s = time.perf_counter() - start
+        wall_s, gateway_cpu_s = time.perf_counter() - start, cpu_s() - start_cpu_s
         # What the gateway and the mode still hold per request once every request has ended: all should be 0.
         leftovers = {
             "held": len(gateway._held),
@@ -192,6 +203,9 @@ async def soak(
         error_logs=errors.lines
         + [f"client: {line}" for line in client_record.error_logs]
         + [f"upstream: {line}" for line in upstream_record.error_logs],
+        cpu_s={"one loop": gateway_cpu_s}
+        if in_process
+        else {"gateway": gateway_cpu_s, "client": client_record.cpu_s, "upstream": upstream_record.cpu_s},
     )
 
 
@@ -248,6 +262,8 @@ def problems(result: SoakResult, baseline: SoakResult | None, *, latency: bool =
 def describe(label: str, result: SoakResult) -> list[str]:
     p50, p99 = percentiles(np.array(result.added_s), [50, 99])
     s = result.stats
+    per_request = {name: seconds / max(result.requests, 1) * 1e3 for name, seconds in result.cpu_s.items()}
+    cpu = ", ".join(f"{name} {ms:.2f} ms" for name, ms in per_request.items())
     return [
         f"{label}: {result.requests} requests in {result.wall_s:.1f} s ({result.requests / result.wall_s:.0f} req/s): "
         f"received {s['received']} = completed {s['completed']} + rejected {s['rejected']} + deferred "
@@ -255,11 +271,28 @@ def describe(label: str, result: SoakResult) -> list[str]:
         f"  tasks {result.tasks_before} -> {result.tasks_after}, open fds {result.fds_before} -> {result.fds_after}, "
         f"RSS {result.rss_mb[0]:.1f} -> {result.rss_mb[-1]:.1f} MB "
         f"(second half +{result.rss_growth_second_half_mb:.1f} MB), "
-        f"live blocks {result.blocks[0]} -> {result.blocks[1]}",
+        f"live blocks {result.blocks[0]} -> {result.blocks[1]}; CPU per request: {cpu}",
         f"  gateway added latency, untouched requests ({len(result.added_s)}): p50 {p50 * 1e3:.2f} ms, "
         f"p99 {p99 * 1e3:.2f} ms; median over windows of {WINDOW} of the p99 "
         f"{windowed_p99(result.added_s) * 1e3:.2f} ms",
     ]
+
+
+def table_row(label: str, result: SoakResult) -> str:
+    """The run as a row of docs/gateway.md's soak table."""
+    p50, p99 = percentiles(np.array(result.added_s), [50, 99])
+    s = result.stats
+    cells = [
+        label,
+        f"{result.requests:,} in {result.wall_s:.0f} s",
+        f"{s['received']:,} = {s['completed']:,} + {s['rejected']:,} + {s['deferred']:,} + {s['failed']:,}",
+        f"{len(result.wrong):,}",
+        f"{result.tasks_before} -> {result.tasks_after}, {result.fds_before} -> {result.fds_after}",
+        f"{result.blocks[0]:,} -> {result.blocks[1]:,}",
+        f"{result.rss_mb[0]:.1f} -> {result.rss_mb[-1]:.1f}",
+        f"{p50 * 1e3:.2f} / {p99 * 1e3:.2f} / {windowed_p99(result.added_s) * 1e3:.2f}",
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -277,6 +310,14 @@ async def run(args: argparse.Namespace) -> int:
         print(f"  {fault:13s} -> {outcome:9s} {count:6d}  e.g. {result.reasons.get(fault)}")
     found = problems(result, baseline) + (problems(baseline, None) if baseline is not None else [])
     print("checks: " + ("all passed" if not found else "; ".join(found)))
+    mode = "one loop" if args.in_process else "processes"
+    print(f"table rows ({mode}, --rate {args.rate:g}, seed {args.seed}):")
+    if baseline is not None:
+        print(table_row("fault-free", baseline))
+    print(table_row("with faults", result))
+    if baseline is not None and baseline.added_s and result.added_s:
+        ratio = windowed_p99(result.added_s) / windowed_p99(baseline.added_s)
+        print(f"added p99 (windowed) with faults / fault-free: {ratio:.2f}x (the check's limit: 2x)")
     return 1 if found else 0
 
 

@@ -188,8 +188,13 @@ class Upstream:
                 await response.write(_event(json.dumps({"error": {"message": "scripted engine error"}})))
                 await response.write_eof()
                 return response
-            if fault in ("trickle", "hangup_early", "slow_reader") and index:
-                await asyncio.sleep(TRICKLE_S if fault != "slow_reader" else 0)
+            if fault == "hangup_early" and index:
+                # The client hangs up after the first chunk: the rest never comes (the handler is cancelled when
+                # the gateway closes the connection), so the hang-up is mid-stream however late the client's
+                # process gets to it (with a trickle, a client stalled past the stream's end saw it complete).
+                await asyncio.sleep(3600)
+            if fault in ("trickle", "slow_reader") and index:
+                await asyncio.sleep(TRICKLE_S if fault == "trickle" else 0)
             await response.write(_chunk(index, last=index == TOKENS - 1))
         await response.write_eof(_event("[DONE]"))
         return response

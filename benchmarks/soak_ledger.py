@@ -12,6 +12,7 @@ so each can record by request index.
 from __future__ import annotations
 
 import logging
+import resource
 import traceback
 from collections import Counter
 from collections.abc import Callable
@@ -26,6 +27,12 @@ from core.events import Event
 OUTCOMES = ("completed", "rejected", "deferred", "failed")  # the gateway's outcomes, by their code here
 KEPT = 100  # per-request texts each side keeps for the messages about what went wrong
 LOGGERS = ("aiohttp.server", "aiohttp.web", "asyncio", "aiohttp.client")
+
+
+def cpu_s() -> float:
+    """This process's CPU time, user and system, in seconds."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def expected_outcome(fault: str, faulty: bool) -> str:
@@ -70,6 +77,7 @@ class ClientRecord:
         self.errors: dict[int, str] = {}  # the first KEPT requests' errors
         self.error_by_fault: dict[str, str] = {}
         self.error_logs: list[str] = []
+        self.cpu_s = 0.0  # the client's CPU time from the first arrival to the end (its own process)
 
     def on_sent(self, index: int, sent: Sent) -> None:
         if index >= len(self.done):
@@ -96,6 +104,7 @@ class UpstreamRecord:
     def __init__(self, count: int) -> None:
         self.served_s = np.full(count, np.nan)
         self.error_logs: list[str] = []
+        self.cpu_s = 0.0  # the upstream's CPU time once it served (its own process)
 
     def on_served(self, index: int, seconds: float) -> None:
         if 0 <= index < len(self.served_s):

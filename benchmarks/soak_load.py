@@ -35,7 +35,7 @@ import aiohttp
 import numpy as np
 
 from benchmarks.soak_faults import CLIENT_TIMEOUT_S, FAULTS, Upstream, arrival_gaps, draw_faults, send_one
-from benchmarks.soak_ledger import ClientRecord, ErrorLogs, UpstreamRecord
+from benchmarks.soak_ledger import ClientRecord, ErrorLogs, UpstreamRecord, cpu_s
 from core.serve.process import SUPERVISOR
 
 REPO = Path(__file__).resolve().parents[1]  # a worker runs there, so `benchmarks` imports
@@ -336,11 +336,12 @@ async def _serve_upstream(channel: _Channel, requests: int) -> None:
     await upstream.start()
     _settle()
     channel.say(f"ready {upstream.url}")
+    started_cpu_s = cpu_s()
     try:
         await channel.expect("stop")
     finally:
         await upstream.stop()
-    record.error_logs = errors.lines
+    record.error_logs, record.cpu_s = errors.lines, cpu_s() - started_cpu_s
     channel.send_record(record)
 
 
@@ -351,13 +352,17 @@ async def _drive_client(channel: _Channel, url: str, args: list[str]) -> None:
     faults, gaps = draw_faults(requests, seed, faulty == "faulty"), arrival_gaps(requests, rate, seed)
     record = ClientRecord(requests)
 
+    started_cpu_s = 0.0
+
     async def step(reached: str, allowed: str) -> None:
+        nonlocal started_cpu_s
         channel.say(reached)
         await channel.expect(allowed)
+        started_cpu_s = started_cpu_s or cpu_s()  # at the first arrival
 
     _settle()
     await drive(url, faults, gaps, max_seconds, record, lambda: step("warm", "go"), lambda: step("drained", "ended"))
-    record.error_logs = errors.lines
+    record.error_logs, record.cpu_s = errors.lines, cpu_s() - started_cpu_s
     channel.say("done")
     channel.send_record(record)
 
