@@ -113,12 +113,14 @@ class InProcessLoad:
         self._max_seconds = max_seconds
         self.client_record, self.upstream_record = ClientRecord(requests), UpstreamRecord(requests)
         self._upstream = Upstream(on_served=self.upstream_record.on_served)
+        self._upstream_started = False
         self._task: asyncio.Task[None] | None = None
         self._reached = {step: asyncio.Event() for step in ("warm", "drained")}
         self._allowed = {step: asyncio.Event() for step in ("go", "ended")}
 
     async def start_upstream(self) -> str:
         await self._upstream.start()
+        self._upstream_started = True
         return self._upstream.url
 
     async def start_client(self, url: str) -> None:
@@ -154,7 +156,8 @@ class InProcessLoad:
         if self._task is not None and not self._task.done():
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
-        await self._upstream.stop()
+        if self._upstream_started:
+            await self._upstream.stop()
 
     def records(self) -> tuple[ClientRecord, UpstreamRecord]:
         return self.client_record, self.upstream_record
