@@ -47,6 +47,7 @@ import argparse
 import asyncio
 import gc
 import os
+import resource
 import sys
 import time
 from collections import Counter
@@ -58,7 +59,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.soak_faults import HOST, UPSTREAM_TIMEOUT_S, ScriptedFaults, draw_faults
-from benchmarks.soak_ledger import ErrorLogs, GatewayRecord, cpu_s, join
+from benchmarks.soak_ledger import ErrorLogs, GatewayRecord, cpu_s, join, open_fds
 from benchmarks.soak_load import InProcessLoad, ProcessLoad
 from core.gateway.server import Gateway
 from core.gateway.standalone import settle_heap
@@ -72,10 +73,6 @@ BLOCKS_ALLOWED = 5000
 
 
 # ---------------------------------------------------------------- one run
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def rss_mb() -> float:
@@ -103,6 +100,8 @@ class SoakResult:
     added_s: list[float]  # added latency of untouched requests
     error_logs: list[str]
     cpu_s: dict[str, float]  # CPU seconds over the run per process (gateway, client, upstream; one loop: all)
+    # The client's and the upstream's own processes: (before, after) of asyncio tasks and of open descriptors.
+    workers: dict[str, dict[str, tuple[int, int]]]
 
     @property
     def rss_growth_second_half_mb(self) -> float:
@@ -203,6 +202,12 @@ async def soak(
         error_logs=errors.lines
         + [f"client: {line}" for line in client_record.error_logs]
         + [f"upstream: {line}" for line in upstream_record.error_logs],
+        workers={}
+        if in_process
+        else {
+            "client": {"tasks": client_record.tasks, "fds": client_record.fds},
+            "upstream": {"tasks": upstream_record.tasks, "fds": upstream_record.fds},
+        },
         cpu_s={"one loop": gateway_cpu_s}
         if in_process
         else {"gateway": gateway_cpu_s, "client": client_record.cpu_s, "upstream": upstream_record.cpu_s},
@@ -251,6 +256,10 @@ def problems(result: SoakResult, baseline: SoakResult | None, *, latency: bool =
         found.append(f"asyncio tasks: {result.tasks_before} before, {result.tasks_after} after")
     if result.fds_after != result.fds_before:
         found.append(f"open file descriptors: {result.fds_before} before, {result.fds_after} after")
+    for worker, counts in result.workers.items():
+        for what, (before, after) in counts.items():
+            if before != after:
+                found.append(f"the {worker}'s process: {what} {before} before, {after} after")
     found += [f"logged: {line}" for line in result.error_logs[:3]]
     if latency and baseline is not None and baseline.added_s and result.added_s:
         p99, base = windowed_p99(result.added_s), windowed_p99(baseline.added_s)
@@ -268,7 +277,12 @@ def describe(label: str, result: SoakResult) -> list[str]:
         f"{label}: {result.requests} requests in {result.wall_s:.1f} s ({result.requests / result.wall_s:.0f} req/s): "
         f"received {s['received']} = completed {s['completed']} + rejected {s['rejected']} + deferred "
         f"{s['deferred']} + failed {s['failed']}; outcomes not as scheduled: {len(result.wrong)}",
-        f"  tasks {result.tasks_before} -> {result.tasks_after}, open fds {result.fds_before} -> {result.fds_after}, "
+        f"  tasks {result.tasks_before} -> {result.tasks_after}, open fds {result.fds_before} -> {result.fds_after}"
+        + "".join(
+            f" ({name}'s: {c['tasks'][0]} -> {c['tasks'][1]}, {c['fds'][0]} -> {c['fds'][1]})"
+            for name, c in result.workers.items()
+        )
+        + ", "
         f"RSS {result.rss_mb[0]:.1f} -> {result.rss_mb[-1]:.1f} MB "
         f"(second half +{result.rss_growth_second_half_mb:.1f} MB), "
         f"live blocks {result.blocks[0]} -> {result.blocks[1]}; CPU per request: {cpu}",
@@ -333,6 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--worker-cpus", help="pin the client's and the upstream's processes to these cores: C,U")
     args = parser.parse_args(argv)
+    # Each deferred request holds a connection for the whole run (1,000 in 100,000 requests) in the gateway's
+    # process and in the client's: the soft limit on descriptors (often 1,024) goes up to the hard one.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
     return asyncio.run(run(args))
 
 

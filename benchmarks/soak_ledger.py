@@ -12,6 +12,7 @@ so each can record by request index.
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import traceback
 from collections import Counter
@@ -27,6 +28,10 @@ from core.events import Event
 OUTCOMES = ("completed", "rejected", "deferred", "failed")  # the gateway's outcomes, by their code here
 KEPT = 100  # per-request texts each side keeps for the messages about what went wrong
 LOGGERS = ("aiohttp.server", "aiohttp.web", "asyncio", "aiohttp.client")
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 def cpu_s() -> float:
@@ -78,6 +83,10 @@ class ClientRecord:
         self.error_by_fault: dict[str, str] = {}
         self.error_logs: list[str] = []
         self.cpu_s = 0.0  # the client's CPU time from the first arrival to the end (its own process)
+        # Its own process's asyncio tasks and open descriptors before its session opened and after it closed
+        # (in its own process only; on the gateway's loop the soak's own count covers it).
+        self.tasks: tuple[int, int] = (0, 0)
+        self.fds: tuple[int, int] = (0, 0)
 
     def on_sent(self, index: int, sent: Sent) -> None:
         if index >= len(self.done):
@@ -105,6 +114,8 @@ class UpstreamRecord:
         self.served_s = np.full(count, np.nan)
         self.error_logs: list[str] = []
         self.cpu_s = 0.0  # the upstream's CPU time once it served (its own process)
+        self.tasks: tuple[int, int] = (0, 0)  # as the client's: before it started listening, after it stopped
+        self.fds: tuple[int, int] = (0, 0)
 
     def on_served(self, index: int, seconds: float) -> None:
         if 0 <= index < len(self.served_s):

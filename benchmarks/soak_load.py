@@ -35,7 +35,7 @@ import aiohttp
 import numpy as np
 
 from benchmarks.soak_faults import CLIENT_TIMEOUT_S, FAULTS, Upstream, arrival_gaps, draw_faults, send_one
-from benchmarks.soak_ledger import ClientRecord, ErrorLogs, UpstreamRecord, cpu_s
+from benchmarks.soak_ledger import ClientRecord, ErrorLogs, UpstreamRecord, cpu_s, open_fds
 from core.serve.process import SUPERVISOR
 
 REPO = Path(__file__).resolve().parents[1]  # a worker runs there, so `benchmarks` imports
@@ -335,6 +335,7 @@ async def _serve_upstream(channel: _Channel, requests: int) -> None:
     errors = ErrorLogs()
     errors.attach()
     record = UpstreamRecord(requests)
+    tasks_before, fds_before = len(asyncio.all_tasks()), open_fds()
     upstream = Upstream(on_served=record.on_served)
     await upstream.start()
     _settle()
@@ -345,6 +346,8 @@ async def _serve_upstream(channel: _Channel, requests: int) -> None:
     finally:
         await upstream.stop()
     record.error_logs, record.cpu_s = errors.lines, cpu_s() - started_cpu_s
+    await asyncio.sleep(0.2)  # closed transports release their sockets on the next loop iterations
+    record.tasks, record.fds = (tasks_before, len(asyncio.all_tasks())), (fds_before, open_fds())
     channel.send_record(record)
 
 
@@ -364,8 +367,11 @@ async def _drive_client(channel: _Channel, url: str, args: list[str]) -> None:
         started_cpu_s = started_cpu_s or cpu_s()  # at the first arrival
 
     _settle()
+    tasks_before, fds_before = len(asyncio.all_tasks()), open_fds()
     await drive(url, faults, gaps, max_seconds, record, lambda: step("warm", "go"), lambda: step("drained", "ended"))
     record.error_logs, record.cpu_s = errors.lines, cpu_s() - started_cpu_s
+    await asyncio.sleep(0.2)
+    record.tasks, record.fds = (tasks_before, len(asyncio.all_tasks())), (fds_before, open_fds())
     channel.say("done")
     channel.send_record(record)
 
