@@ -64,6 +64,11 @@ def draw_faults(count: int, seed: int, faulty: bool) -> list[str]:
     return [names[i] for i in rng.choice(len(names), size=count, p=weights / weights.sum())]
 
 
+def arrival_gaps(count: int, rate: float, seed: int) -> np.ndarray:
+    """The seeded open-loop arrivals: Poisson at `rate` per second (the same for the fault-free run)."""
+    return np.random.default_rng(seed + 1).exponential(1.0 / rate, size=count)
+
+
 # ---------------------------------------------------------------- the scripted mode
 
 
@@ -183,8 +188,13 @@ class Upstream:
                 await response.write(_event(json.dumps({"error": {"message": "scripted engine error"}})))
                 await response.write_eof()
                 return response
-            if fault in ("trickle", "hangup_early", "slow_reader") and index:
-                await asyncio.sleep(TRICKLE_S if fault != "slow_reader" else 0)
+            if fault == "hangup_early" and index:
+                # The client hangs up after the first chunk: the rest never comes (the handler is cancelled when
+                # the gateway closes the connection), so the hang-up is mid-stream however late the client's
+                # process gets to it (with a trickle, a client stalled past the stream's end saw it complete).
+                await asyncio.sleep(3600)
+            if fault in ("trickle", "slow_reader") and index:
+                await asyncio.sleep(TRICKLE_S if fault == "trickle" else 0)
             await response.write(_chunk(index, last=index == TOKENS - 1))
         await response.write_eof(_event("[DONE]"))
         return response
