@@ -80,6 +80,7 @@ class DecodeBatch:
     # `estimate` then `truth` in one array, already through clip_acceptance, when the caller has it (saves
     # the step a copy and the clip).
     paired: np.ndarray | None = None
+    behind: bool = True  # whether some need may be > 0 (False: the caller checked none is; no SLO phase)
 
     def __len__(self) -> int:
         return len(self.need)
@@ -219,6 +220,10 @@ class TreeScheduler:
         n = len(batch)
         depth, width = self.shape(n, batch.budget)
         shape = candidate_shape(depth, width)
+        if batch.budget <= n:
+            self.roots_only()
+            ones = np.ones(n, dtype=np.int64)
+            return StepDecision(verified=ones, emitted=ones, spec_steps=depth)
         if batch.budget - n >= n * shape.size:
             # Every candidate fits the budget: the selection is everything, whatever the draft estimated.
             selection = full_selection(n, shape.size)
@@ -228,14 +233,21 @@ class TreeScheduler:
                 both = path_probabilities(shape, batch.paired, clipped=True)
             else:
                 both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
-            need = batch.need if self.spec.slo_selection else np.minimum(batch.need, 0.0)  # ablation: none behind
-            selection = select(both[:n], need, batch.budget, depth, self.spec.n_max)
+            # Ablation (slo_selection off): nobody is behind, as if every need were min(need, 0).
+            slo_phase = batch.behind and self.spec.slo_selection
+            selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max, slo_phase=slo_phase)
             accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
             self.selection_steps += 1
         self.slo_served += selection.behind
         self.slo_served_beyond_tree += selection.beyond_tree
         self.slo_tokens += selection.slo_total  # the rest of the account: record(), from the planner's lists
         return StepDecision(verified=selection.counts + 1, emitted=accepted + 1, spec_steps=depth)
+
+    def roots_only(self) -> None:
+        """Account a step whose budget holds no draft token beside the roots (B <= n): Algorithm 2 selects
+        nothing (neither phase has budget left), so every request verifies its root alone and emits that one
+        token (an empty tree is reached at depth 0). `step` answers it so; the planner skips the arrays."""
+        self.selection_steps += 1
 
     def record(self, active: int, verified: int, emitted: int) -> None:
         """Account one step: `verified` positions (roots included) and `emitted` tokens over `active` requests."""
@@ -285,6 +297,9 @@ class StaticScheduler:
 
     def record(self, active: int, verified: int, emitted: int) -> None:
         return None
+
+    def roots_only(self) -> None:
+        return None  # (width 0: planned() leaves no draft token; nothing is accounted)
 
     def step(self, batch: DecodeBatch) -> StepDecision:
         n = len(batch)

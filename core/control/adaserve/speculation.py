@@ -101,9 +101,13 @@ def path_probabilities(shape: CandidateShape, acceptance: np.ndarray, *, clipped
     (`clipped`: the caller already passed `acceptance` through clip_acceptance)."""
     a = acceptance if clipped else clip_acceptance(acceptance)
     depth, offset = shape.exponents
-    logs = np.log(a)[:, None] * depth
-    logs += np.log1p(-a)[:, None] * offset
+    # outer(x, y)[i, j] = x[i] * y[j], the same products as x[:, None] * y in fewer calls.
+    logs = _outer(np.log(a), depth)
+    logs += _outer(np.log1p(-a), offset)
     return np.exp(logs, out=logs)
+
+
+_outer = np.multiply.outer
 
 
 def draft_estimate(true_acceptance: np.ndarray, mismatch: float, overconfidence: float, rng: np.random.Generator):
@@ -141,13 +145,16 @@ def full_selection(n: int, size: int) -> Selection:
     )
 
 
-def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max: int) -> Selection:
+def select(
+    approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max: int, *, slo_phase: bool = True
+) -> Selection:
     """Algorithm 2 lines 9-23 for a whole batch (the vectorised twin of trees.select_trees).
 
     Within one request both phases always take its most probable remaining candidate, so each request ends
     up with a prefix of its candidates sorted by f̂. Only requests behind their SLO (need > 0) are sorted,
     for the SLO-customized phase; the throughput phase is one partition of everything left. A child is always
-    less probable than its parent, so any top set is a connected tree."""
+    less probable than its parent, so any top set is a connected tree. `slo_phase=False`: the caller knows no
+    need is > 0 (or wants none treated so: the SLO phase's ablation), so there is no SLO phase."""
     n, size = approx.shape
     remaining = budget - n
     if remaining >= n * size:  # every candidate fits: whatever the phases pick, they pick everything
@@ -155,7 +162,9 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
     slo_counts = np.zeros(n, dtype=np.int64)
     selected = np.zeros((n, size), dtype=bool)
     slo_total = served = beyond = 0
-    behind = np.flatnonzero(need > 0.0) if remaining > 0 else ()
+    if remaining <= 0:  # no room for a draft token: neither phase selects anything
+        return Selection(counts=np.zeros(n, dtype=np.int64), slo_counts=slo_counts, selected=selected)
+    behind = np.flatnonzero(need > 0.0) if slo_phase else ()
     if len(behind):
         # SLO-customized phase: the largest need first, each request whole until the budget runs out.
         behind_need = need[behind]
@@ -185,10 +194,11 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
         else:
             # Nothing chosen yet: the estimates themselves (argpartition does not modify its input).
             left = np.where(selected, -1.0, approx).ravel() if slo_total else approx.ravel()
-            top = np.argpartition(left, left.size - remaining)[left.size - remaining :]
+            cut = left.size - remaining
+            top = left.argpartition(cut)[cut:]  # np.argpartition's own call, without its wrapper
             selected.ravel()[top] = True
     return Selection(
-        counts=selected.sum(axis=1),
+        counts=_row_sums(selected, axis=1),
         slo_counts=slo_counts,
         selected=selected,
         slo_total=slo_total,
@@ -219,7 +229,11 @@ def accepted_draft_tokens(
     """Draft tokens the verifier accepts per request: the depth its true path reaches inside the selected
     tree, drawn from P(depth >= k) = sum of true f over selected nodes at depth k with one uniform each."""
     reach = (true_probs * selection.selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
-    return (reach > uniforms[:, None]).sum(axis=1)
+    return _row_sums(reach > uniforms[:, None], axis=1)
+
+
+# ndarray.sum of booleans without its Python wrapper (integer counts: no rounding to differ).
+_row_sums = np.add.reduce
 
 
 def chain_selection(n: int, width: int) -> Selection:
