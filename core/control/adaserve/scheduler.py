@@ -16,14 +16,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.control.adaserve.speculation import (
+    accepted_depths,
     accepted_draft_tokens,
     candidate_shape,
     chain_selection,
     clip_acceptance,
     draft_estimate,
     full_selection,
+    most_probable,
     path_probabilities,
     select,
+    selected_counts,
 )
 from core.control.adaserve.trees import adaptive_shape
 from core.profile import AdaServeSpec
@@ -233,11 +236,16 @@ class TreeScheduler:
                 both = path_probabilities(shape, batch.paired, clipped=True)
             else:
                 both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
-            # Ablation (slo_selection off): nobody is behind, as if every need were min(need, 0).
-            slo_phase = batch.behind and self.spec.slo_selection
-            selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max, slo_phase=slo_phase)
-            accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
             self.selection_steps += 1
+            if not (batch.behind and self.spec.slo_selection):
+                # Nobody behind (or the ablation, as if every need were min(need, 0)): select() is its
+                # throughput phase alone, the budget's most probable candidates; the same calls without its
+                # bookkeeping (no SLO-phase tokens or requests to count).
+                selected = most_probable(both[:n], batch.budget - n)
+                accepted = accepted_depths(shape, selected, both[n:], batch.uniforms)
+                return StepDecision(verified=selected_counts(selected) + 1, emitted=accepted + 1, spec_steps=depth)
+            selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
+            accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
         self.slo_served += selection.behind
         self.slo_served_beyond_tree += selection.beyond_tree
         self.slo_tokens += selection.slo_total  # the rest of the account: record(), from the planner's lists

@@ -145,16 +145,13 @@ def full_selection(n: int, size: int) -> Selection:
     )
 
 
-def select(
-    approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max: int, *, slo_phase: bool = True
-) -> Selection:
+def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max: int) -> Selection:
     """Algorithm 2 lines 9-23 for a whole batch (the vectorised twin of trees.select_trees).
 
     Within one request both phases always take its most probable remaining candidate, so each request ends
     up with a prefix of its candidates sorted by f̂. Only requests behind their SLO (need > 0) are sorted,
     for the SLO-customized phase; the throughput phase is one partition of everything left. A child is always
-    less probable than its parent, so any top set is a connected tree. `slo_phase=False`: the caller knows no
-    need is > 0 (or wants none treated so: the SLO phase's ablation), so there is no SLO phase."""
+    less probable than its parent, so any top set is a connected tree."""
     n, size = approx.shape
     remaining = budget - n
     if remaining >= n * size:  # every candidate fits: whatever the phases pick, they pick everything
@@ -164,7 +161,7 @@ def select(
     slo_total = served = beyond = 0
     if remaining <= 0:  # no room for a draft token: neither phase selects anything
         return Selection(counts=np.zeros(n, dtype=np.int64), slo_counts=slo_counts, selected=selected)
-    behind = np.flatnonzero(need > 0.0) if slo_phase else ()
+    behind = np.flatnonzero(need > 0.0)
     if len(behind):
         # SLO-customized phase: the largest need first, each request whole until the budget runs out.
         behind_need = need[behind]
@@ -193,18 +190,30 @@ def select(
             selected[:] = True
         else:
             # Nothing chosen yet: the estimates themselves (argpartition does not modify its input).
-            left = np.where(selected, -1.0, approx).ravel() if slo_total else approx.ravel()
-            cut = left.size - remaining
-            top = left.argpartition(cut)[cut:]  # np.argpartition's own call, without its wrapper
-            selected.ravel()[top] = True
+            selected |= most_probable(np.where(selected, -1.0, approx) if slo_total else approx, remaining)
     return Selection(
-        counts=_row_sums(selected, axis=1),
+        counts=selected_counts(selected),
         slo_counts=slo_counts,
         selected=selected,
         slo_total=slo_total,
         behind=served,
         beyond_tree=beyond,
     )
+
+
+def selected_counts(selected: np.ndarray) -> np.ndarray:
+    """Candidates selected per request (the row sums of an (n, N) mask)."""
+    return _row_sums(selected, axis=1)
+
+
+def most_probable(approx: np.ndarray, count: int) -> np.ndarray:
+    """(n, N) bool: the `count` largest entries of `approx` (0 < count < its size), as select's throughput
+    phase takes them (one argpartition of the flattened array; ties fall as argpartition leaves them)."""
+    flat = approx.ravel()
+    cut = flat.size - count
+    chosen = np.zeros(flat.size, dtype=bool)
+    chosen[flat.argpartition(cut)[cut:]] = True  # np.argpartition's own call, without its wrapper
+    return chosen.reshape(approx.shape)
 
 
 @functools.lru_cache(maxsize=64)
@@ -228,7 +237,12 @@ def accepted_draft_tokens(
 ) -> np.ndarray:
     """Draft tokens the verifier accepts per request: the depth its true path reaches inside the selected
     tree, drawn from P(depth >= k) = sum of true f over selected nodes at depth k with one uniform each."""
-    reach = (true_probs * selection.selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
+    return accepted_depths(shape, selection.selected, true_probs, uniforms)
+
+
+def accepted_depths(shape: CandidateShape, selected: np.ndarray, true_probs: np.ndarray, uniforms: np.ndarray):
+    """accepted_draft_tokens on the (n, N) selected mask itself."""
+    reach = (true_probs * selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
     return _row_sums(reach > uniforms[:, None], axis=1)
 
 
