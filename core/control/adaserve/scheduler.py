@@ -107,16 +107,13 @@ class AcceptanceRun:
     next: int = 0
     # Accepted draft tokens at every step if the whole (d, w) candidate tree is verified, by (d, w).
     full: dict[tuple[int, int], list[int]] = field(default_factory=dict)
-    # The three arrays as Python lists (the planner reads one entry of each per step).
-    truth_list: list[float] = field(default_factory=list)
-    estimate_list: list[float] = field(default_factory=list)
-    uniform_list: list[float] = field(default_factory=list)
+    # Per step, (estimate, truth, uniform) as Python floats: the planner reads one row per step.
+    rows: list[tuple[float, float, float]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same).
-        self.truth_list = clip_acceptance(self.truth).tolist()
-        self.estimate_list = clip_acceptance(self.estimate).tolist()
-        self.uniform_list = self.uniforms.tolist()
+        estimates = clip_acceptance(self.estimate).tolist()
+        self.rows = list(zip(estimates, clip_acceptance(self.truth).tolist(), self.uniforms.tolist(), strict=True))
 
     def full_tree_accepted(self, depth: int, width: int, start: int = 0) -> list[int]:
         """The draws of `accepted_draft_tokens` for the full candidate tree, for steps `start` on at once (the
@@ -136,8 +133,9 @@ def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSp
     """`steps` steps of a request whose mean acceptance is `mean`: the true local acceptance a ~ Beta around
     it (per-step randomness), the draft's estimate of a (mismatch), and the uniforms of verification."""
     m = min(max(mean, 1e-6), 1.0 - 1e-6)
-    truth = rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps)
-    estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng)
+    # Kept clipped (every use of the truth clips it first; clip_acceptance is idempotent).
+    truth = clip_acceptance(rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps))
+    estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng, clipped=True)
     return AcceptanceRun(truth, estimate, rng.random(steps), steps)
 
 
@@ -152,6 +150,8 @@ class TreeScheduler:
         self._budget_active = -1
         self._budget_context = 0.0
         self._budget = 0
+        self._free_key: tuple[int, float, PrefillLoad] | None = None  # roofline_budget with a prefill, last asked
+        self._free = 0
         self.steps = 0
         self.verified_tokens = 0  # roots included, over the run
         self.slo_tokens = 0  # draft tokens chosen in the SLO-customized phase
@@ -184,8 +184,10 @@ class TreeScheduler:
                 self._budget = roofline_budget(self.model, context_tokens, active)
             budget = self._budget
         if prefill.tokens:
-            free = roofline_budget(self.model, context_tokens, active, prefill)
-            budget = min(budget, free, max(active, prefill.token_budget - prefill.tokens))
+            key = (active, context_tokens, prefill)
+            if key != self._free_key:  # asked twice a step too (full_tree, then planned)
+                self._free_key, self._free = key, roofline_budget(self.model, context_tokens, active, prefill)
+            budget = min(budget, self._free, max(active, prefill.token_budget - prefill.tokens))
         return budget
 
     def shape(self, active: int, budget: int) -> tuple[int, int]:

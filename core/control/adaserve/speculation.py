@@ -110,12 +110,22 @@ def path_probabilities(shape: CandidateShape, acceptance: np.ndarray, *, clipped
 _outer = np.multiply.outer
 
 
-def draft_estimate(true_acceptance: np.ndarray, mismatch: float, overconfidence: float, rng: np.random.Generator):
-    """The draft's estimate â of each request's local acceptance (module docstring)."""
-    a = np.minimum(np.maximum(true_acceptance, EPS), 1.0 - EPS)
+def draft_estimate(
+    true_acceptance: np.ndarray,
+    mismatch: float,
+    overconfidence: float,
+    rng: np.random.Generator,
+    *,
+    clipped: bool = False,
+):
+    """The draft's estimate â of each request's local acceptance (module docstring); `clipped`: the caller
+    already passed `true_acceptance` through clip_acceptance."""
+    a = true_acceptance if clipped else clip_acceptance(true_acceptance)
     if mismatch == 0.0 and overconfidence == 0.0:
         return a
-    logit = np.log(a) - np.log1p(-a) + overconfidence
+    logit = np.log(a) - np.log1p(-a)
+    if overconfidence:  # (x + 0.0 is x: a difference of logarithms is never -0.0)
+        logit += overconfidence
     if mismatch:
         logit = logit + mismatch * rng.standard_normal(len(a))
     return 1.0 / (1.0 + np.exp(-logit))
