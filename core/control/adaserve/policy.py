@@ -241,8 +241,11 @@ class TreePlanner:
             prompt = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
             prompts = int(prompt > 0)
         step_s = replica.model.step_time(budget + prompt, replica.kv_used, spec_steps, n + prompts)
+        # Columns as Python lists, turned into one array (faster than an array of row tuples).
         needs: list[float] = []
-        rows: list[tuple[float, float, float]] = []  # (estimate, truth, uniform) of each request this step
+        estimates: list[float] = []
+        truths: list[float] = []
+        uniforms: list[float] = []
         behind = False
         tracked = self._tracked
         for item in decoding:
@@ -260,11 +263,15 @@ class TreePlanner:
             if need > 0.0:
                 behind = True
             needs.append(need)
-            rows.append(run.rows[step])
+            truths.append(run.truth_list[step])
+            estimates.append(run.estimate_list[step])
+            uniforms.append(run.uniform_list[step])
         # The draft's estimates then the true rates (the step prices both in one pass), the uniforms and the
-        # needs: one array of columns (faster than an array of row tuples), the batch's fields views of it.
-        estimates, truths, uniforms = zip(*rows, strict=True)
-        columns = np.array([*estimates, *truths, *uniforms, *needs])
+        # needs: one array, the batch's columns views of it.
+        estimates += truths
+        estimates += uniforms
+        estimates += needs
+        columns = np.array(estimates)
         paired = columns[: 2 * n]
         return DecodeBatch(
             budget, columns[3 * n :], paired[n:], paired[:n], columns[2 * n : 3 * n], paired, behind=behind

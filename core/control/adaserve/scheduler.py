@@ -107,13 +107,16 @@ class AcceptanceRun:
     next: int = 0
     # Accepted draft tokens at every step if the whole (d, w) candidate tree is verified, by (d, w).
     full: dict[tuple[int, int], list[int]] = field(default_factory=dict)
-    # Per step, (estimate, truth, uniform) as Python floats: the planner reads one row per step.
-    rows: list[tuple[float, float, float]] = field(default_factory=list)
+    # The three arrays as Python lists (the planner reads one entry of each per step).
+    truth_list: list[float] = field(default_factory=list)
+    estimate_list: list[float] = field(default_factory=list)
+    uniform_list: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same).
-        estimates = clip_acceptance(self.estimate).tolist()
-        self.rows = list(zip(estimates, clip_acceptance(self.truth).tolist(), self.uniforms.tolist(), strict=True))
+        self.truth_list = clip_acceptance(self.truth).tolist()
+        self.estimate_list = clip_acceptance(self.estimate).tolist()
+        self.uniform_list = self.uniforms.tolist()
 
     def full_tree_accepted(self, depth: int, width: int, start: int = 0) -> list[int]:
         """The draws of `accepted_draft_tokens` for the full candidate tree, for steps `start` on at once (the
