@@ -250,7 +250,9 @@ def accepted_draft_tokens(
     return accepted_depths(shape, selection.selected, true_probs, uniforms)
 
 
-def accepted_depths(shape: CandidateShape, selected: np.ndarray, true_probs: np.ndarray, uniforms: np.ndarray):
+def accepted_depths(
+    shape: CandidateShape, selected: np.ndarray, true_probs: np.ndarray, uniforms: np.ndarray
+) -> np.ndarray:
     """accepted_draft_tokens on the (n, N) selected mask itself."""
     reach = (true_probs * selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
     return _row_sums(reach > uniforms[:, None], axis=1)
