@@ -48,6 +48,7 @@ class _Tracked:
     tpot_s: float  # inf: no TPOT SLO
     first_token_s: float
     run: AcceptanceRun
+    output_tokens: int  # the request's output length (its spec's, fixed)
 
 
 class StepLengths:
@@ -106,7 +107,11 @@ class TreePlanner:
         if full is not None:
             verified = self._plan_full_trees(decoding, full, batch)
         elif decoding:
-            decision = self.scheduler.step(self._decode_batch(replica, now, prefill))
+            n = len(decoding)
+            budget, spec_steps = self.scheduler.planned(n, replica.kv_used, prefill)
+            if budget <= n:
+                return self._roots_only(replica, batch)
+            decision = self.scheduler.step(self._decode_batch(replica, now, prefill, budget, spec_steps))
             counts = decision.verified.tolist()
             emitted = decision.emitted.tolist()
             batch.decode = list(zip(decoding, counts, strict=True))
@@ -126,6 +131,15 @@ class TreePlanner:
         self.scheduler.record(len(decoding), len(decoding), len(decoding))
         plan_fcfs_prefill(replica, batch, replica.token_budget - len(decoding))
         return batch
+
+    def _roots_only(self, replica: StepReplicaView, batch: BatchPlan) -> BatchPlan:
+        """A step whose budget holds no draft token beside the roots: what `scheduler.step` answers for it
+        (every request verifies and emits its root alone, no draft pass), without building the batch's arrays.
+        Each request still takes this step's entry of its randomness, as the general path does."""
+        for item in replica.decoding:
+            self._next_run(item)
+        self.scheduler.roots_only()
+        return self._plain_decode(replica, batch)
 
     def _slo_at_stake(self, replica: StepReplicaView, now: float) -> bool:
         """Whether speculation can pay this step (issue 21): some decoding request would miss its TPOT or
@@ -212,10 +226,13 @@ class TreePlanner:
         run.next += 1
         return run
 
-    def _decode_batch(self, replica: StepReplicaView, now: float, prefill: PrefillLoad) -> DecodeBatch:
+    def _decode_batch(
+        self, replica: StepReplicaView, now: float, prefill: PrefillLoad, budget: int, spec_steps: int
+    ) -> DecodeBatch:
+        """The decoding requests' SLO state and this step's randomness, for `scheduler.step` (`budget` and
+        `spec_steps`: scheduler.planned's)."""
         decoding = replica.decoding
         n = len(decoding)
-        budget, spec_steps = self.scheduler.planned(n, replica.kv_used, prefill)
         # t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill
         # that will share the step.
         if self.scheduler.must_pay:
@@ -224,11 +241,12 @@ class TreePlanner:
             prompt = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
             prompts = int(prompt > 0)
         step_s = replica.model.step_time(budget + prompt, replica.kv_used, spec_steps, n + prompts)
-        # Columns as Python lists, each turned into one array (faster than an array of row tuples).
+        # Columns as Python lists, turned into one array (faster than an array of row tuples).
         needs: list[float] = []
         estimates: list[float] = []
         truths: list[float] = []
         uniforms: list[float] = []
+        behind = False
         tracked = self._tracked
         for item in decoding:
             track = tracked.get(item)
@@ -239,19 +257,30 @@ class TreePlanner:
                 run = track.run
                 run.next += 1
             step = run.next - 1
-            # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it.
-            needs.append((now - track.first_token_s + step_s) / track.tpot_s - item.generated)
+            # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it
+            # (o = item.generated, from the output length the track keeps).
+            need = (now - track.first_token_s + step_s) / track.tpot_s - (track.output_tokens - item.out_left)
+            if need > 0.0:
+                behind = True
+            needs.append(need)
             truths.append(run.truth_list[step])
             estimates.append(run.estimate_list[step])
             uniforms.append(run.uniform_list[step])
-        # The draft's estimates then the true rates, in one array: the step prices both in one pass.
-        paired = np.array(estimates + truths)
-        return DecodeBatch(budget, np.array(needs), paired[n:], paired[:n], np.array(uniforms), paired)
+        # The draft's estimates then the true rates (the step prices both in one pass), the uniforms and the
+        # needs: one array, the batch's columns views of it.
+        estimates += truths
+        estimates += uniforms
+        estimates += needs
+        columns = np.array(estimates)
+        paired = columns[: 2 * n]
+        return DecodeBatch(
+            budget, columns[3 * n :], paired[n:], paired[:n], columns[2 * n : 3 * n], paired, behind=behind
+        )
 
     def _track(self, item: StepRequest) -> _Tracked:
         tpot = item.req.spec.slo.tpot_s
         run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
-        return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run)
+        return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run, item.spec.output_tokens)
 
     @staticmethod
     def _prefill_load(replica: StepReplicaView) -> PrefillLoad:

@@ -16,14 +16,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.control.adaserve.speculation import (
+    accepted_depths,
     accepted_draft_tokens,
     candidate_shape,
     chain_selection,
     clip_acceptance,
     draft_estimate,
     full_selection,
+    most_probable,
     path_probabilities,
     select,
+    selected_counts,
 )
 from core.control.adaserve.trees import adaptive_shape
 from core.profile import AdaServeSpec
@@ -80,6 +83,7 @@ class DecodeBatch:
     # `estimate` then `truth` in one array, already through clip_acceptance, when the caller has it (saves
     # the step a copy and the clip).
     paired: np.ndarray | None = None
+    behind: bool = True  # whether some need may be > 0 (False: the caller checked none is; no SLO phase)
 
     def __len__(self) -> int:
         return len(self.need)
@@ -132,8 +136,9 @@ def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSp
     """`steps` steps of a request whose mean acceptance is `mean`: the true local acceptance a ~ Beta around
     it (per-step randomness), the draft's estimate of a (mismatch), and the uniforms of verification."""
     m = min(max(mean, 1e-6), 1.0 - 1e-6)
-    truth = rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps)
-    estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng)
+    # Kept clipped (every use of the truth clips it first; clip_acceptance is idempotent).
+    truth = clip_acceptance(rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps))
+    estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng, clipped=True)
     return AcceptanceRun(truth, estimate, rng.random(steps), steps)
 
 
@@ -148,6 +153,8 @@ class TreeScheduler:
         self._budget_active = -1
         self._budget_context = 0.0
         self._budget = 0
+        self._free_key: tuple[int, float, PrefillLoad] | None = None  # roofline_budget with a prefill, last asked
+        self._free = 0
         self.steps = 0
         self.verified_tokens = 0  # roots included, over the run
         self.slo_tokens = 0  # draft tokens chosen in the SLO-customized phase
@@ -180,8 +187,10 @@ class TreeScheduler:
                 self._budget = roofline_budget(self.model, context_tokens, active)
             budget = self._budget
         if prefill.tokens:
-            free = roofline_budget(self.model, context_tokens, active, prefill)
-            budget = min(budget, free, max(active, prefill.token_budget - prefill.tokens))
+            key = (active, context_tokens, prefill)
+            if key != self._free_key:  # asked twice a step too (full_tree, then planned)
+                self._free_key, self._free = key, roofline_budget(self.model, context_tokens, active, prefill)
+            budget = min(budget, self._free, max(active, prefill.token_budget - prefill.tokens))
         return budget
 
     def shape(self, active: int, budget: int) -> tuple[int, int]:
@@ -219,6 +228,10 @@ class TreeScheduler:
         n = len(batch)
         depth, width = self.shape(n, batch.budget)
         shape = candidate_shape(depth, width)
+        if batch.budget <= n:
+            self.roots_only()
+            ones = np.ones(n, dtype=np.int64)
+            return StepDecision(verified=ones, emitted=ones, spec_steps=depth)
         if batch.budget - n >= n * shape.size:
             # Every candidate fits the budget: the selection is everything, whatever the draft estimated.
             selection = full_selection(n, shape.size)
@@ -228,14 +241,26 @@ class TreeScheduler:
                 both = path_probabilities(shape, batch.paired, clipped=True)
             else:
                 both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
-            need = batch.need if self.spec.slo_selection else np.minimum(batch.need, 0.0)  # ablation: none behind
-            selection = select(both[:n], need, batch.budget, depth, self.spec.n_max)
-            accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
             self.selection_steps += 1
+            if not (batch.behind and self.spec.slo_selection):
+                # Nobody behind (or the ablation, as if every need were min(need, 0)): select() is its
+                # throughput phase alone, the budget's most probable candidates; the same calls without its
+                # bookkeeping (no SLO-phase tokens or requests to count).
+                selected = most_probable(both[:n], batch.budget - n)
+                accepted = accepted_depths(shape, selected, both[n:], batch.uniforms)
+                return StepDecision(verified=selected_counts(selected) + 1, emitted=accepted + 1, spec_steps=depth)
+            selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
+            accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
         self.slo_served += selection.behind
         self.slo_served_beyond_tree += selection.beyond_tree
         self.slo_tokens += selection.slo_total  # the rest of the account: record(), from the planner's lists
         return StepDecision(verified=selection.counts + 1, emitted=accepted + 1, spec_steps=depth)
+
+    def roots_only(self) -> None:
+        """Account a step whose budget holds no draft token beside the roots (B <= n): Algorithm 2 selects
+        nothing (neither phase has budget left), so every request verifies its root alone and emits that one
+        token (an empty tree is reached at depth 0). `step` answers it so; the planner skips the arrays."""
+        self.selection_steps += 1
 
     def record(self, active: int, verified: int, emitted: int) -> None:
         """Account one step: `verified` positions (roots included) and `emitted` tokens over `active` requests."""
@@ -285,6 +310,9 @@ class StaticScheduler:
 
     def record(self, active: int, verified: int, emitted: int) -> None:
         return None
+
+    def roots_only(self) -> None:
+        return None  # (width 0: planned() leaves no draft token; nothing is accounted)
 
     def step(self, batch: DecodeBatch) -> StepDecision:
         n = len(batch)

@@ -101,17 +101,31 @@ def path_probabilities(shape: CandidateShape, acceptance: np.ndarray, *, clipped
     (`clipped`: the caller already passed `acceptance` through clip_acceptance)."""
     a = acceptance if clipped else clip_acceptance(acceptance)
     depth, offset = shape.exponents
-    logs = np.log(a)[:, None] * depth
-    logs += np.log1p(-a)[:, None] * offset
+    # outer(x, y)[i, j] = x[i] * y[j], the same products as x[:, None] * y in fewer calls.
+    logs = _outer(np.log(a), depth)
+    logs += _outer(np.log1p(-a), offset)
     return np.exp(logs, out=logs)
 
 
-def draft_estimate(true_acceptance: np.ndarray, mismatch: float, overconfidence: float, rng: np.random.Generator):
-    """The draft's estimate â of each request's local acceptance (module docstring)."""
-    a = np.minimum(np.maximum(true_acceptance, EPS), 1.0 - EPS)
+_outer = np.multiply.outer
+
+
+def draft_estimate(
+    true_acceptance: np.ndarray,
+    mismatch: float,
+    overconfidence: float,
+    rng: np.random.Generator,
+    *,
+    clipped: bool = False,
+):
+    """The draft's estimate â of each request's local acceptance (module docstring); `clipped`: the caller
+    already passed `true_acceptance` through clip_acceptance."""
+    a = true_acceptance if clipped else clip_acceptance(true_acceptance)
     if mismatch == 0.0 and overconfidence == 0.0:
         return a
-    logit = np.log(a) - np.log1p(-a) + overconfidence
+    logit = np.log(a) - np.log1p(-a)
+    if overconfidence:  # (x + 0.0 is x: a difference of logarithms is never -0.0)
+        logit += overconfidence
     if mismatch:
         logit = logit + mismatch * rng.standard_normal(len(a))
     return 1.0 / (1.0 + np.exp(-logit))
@@ -155,7 +169,9 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
     slo_counts = np.zeros(n, dtype=np.int64)
     selected = np.zeros((n, size), dtype=bool)
     slo_total = served = beyond = 0
-    behind = np.flatnonzero(need > 0.0) if remaining > 0 else ()
+    if remaining <= 0:  # no room for a draft token: neither phase selects anything
+        return Selection(counts=np.zeros(n, dtype=np.int64), slo_counts=slo_counts, selected=selected)
+    behind = np.flatnonzero(need > 0.0)
     if len(behind):
         # SLO-customized phase: the largest need first, each request whole until the budget runs out.
         behind_need = need[behind]
@@ -184,17 +200,30 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
             selected[:] = True
         else:
             # Nothing chosen yet: the estimates themselves (argpartition does not modify its input).
-            left = np.where(selected, -1.0, approx).ravel() if slo_total else approx.ravel()
-            top = np.argpartition(left, left.size - remaining)[left.size - remaining :]
-            selected.ravel()[top] = True
+            selected |= most_probable(np.where(selected, -1.0, approx) if slo_total else approx, remaining)
     return Selection(
-        counts=selected.sum(axis=1),
+        counts=selected_counts(selected),
         slo_counts=slo_counts,
         selected=selected,
         slo_total=slo_total,
         behind=served,
         beyond_tree=beyond,
     )
+
+
+def selected_counts(selected: np.ndarray) -> np.ndarray:
+    """Candidates selected per request (the row sums of an (n, N) mask)."""
+    return _row_sums(selected, axis=1)
+
+
+def most_probable(approx: np.ndarray, count: int) -> np.ndarray:
+    """(n, N) bool: the `count` largest entries of `approx` (0 < count < its size), as select's throughput
+    phase takes them (one argpartition of the flattened array; ties fall as argpartition leaves them)."""
+    flat = approx.ravel()
+    cut = flat.size - count
+    chosen = np.zeros(flat.size, dtype=bool)
+    chosen[flat.argpartition(cut)[cut:]] = True  # np.argpartition's own call, without its wrapper
+    return chosen.reshape(approx.shape)
 
 
 @functools.lru_cache(maxsize=64)
@@ -218,8 +247,19 @@ def accepted_draft_tokens(
 ) -> np.ndarray:
     """Draft tokens the verifier accepts per request: the depth its true path reaches inside the selected
     tree, drawn from P(depth >= k) = sum of true f over selected nodes at depth k with one uniform each."""
-    reach = (true_probs * selection.selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
-    return (reach > uniforms[:, None]).sum(axis=1)
+    return accepted_depths(shape, selection.selected, true_probs, uniforms)
+
+
+def accepted_depths(
+    shape: CandidateShape, selected: np.ndarray, true_probs: np.ndarray, uniforms: np.ndarray
+) -> np.ndarray:
+    """accepted_draft_tokens on the (n, N) selected mask itself."""
+    reach = (true_probs * selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
+    return _row_sums(reach > uniforms[:, None], axis=1)
+
+
+# ndarray.sum of booleans without its Python wrapper (integer counts: no rounding to differ).
+_row_sums = np.add.reduce
 
 
 def chain_selection(n: int, width: int) -> Selection:
