@@ -231,17 +231,25 @@ class ProcessExecutor(Executor):
             pool.shutdown(wait=True)
             return
         processes = list((getattr(pool, "_processes", None) or {}).values())
+        manager = getattr(pool, "_executor_manager_thread", None)
         pool.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             process.terminate()
+        # The pool's manager thread sees its workers end and reaps them itself (ProcessPoolExecutor's broken
+        # pool path): it is waited for rather than raced. A second waitpid on a reaped worker fails, and
+        # multiprocessing then reads the worker as alive (a suite run saw one "alive" after the close) and
+        # would send a kill to a pid that may already be reused.
+        if manager is not None:
+            manager.join(timeout=10)
         # A worker busy on a loaded machine may take seconds to act on SIGTERM; one that still has not ended
         # is killed, so no worker outlives the job (a test saw 5 s pass at load 12 on 2 cores).
         for process in processes:
-            process.join(timeout=10)
-        for process in processes:
             if process.is_alive():
                 process.kill()
-                process.join(timeout=10)
+        if manager is not None:
+            manager.join(timeout=10)
+        for process in processes:
+            process.join(timeout=10)
 
 
 class RayExecutor(Executor):
