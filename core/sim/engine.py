@@ -373,13 +373,10 @@ class SimEngine:
                             continue
                         self._finish()
                         continue
-                    if not clients.blocked and clients.in_flight == 0:
-                        self.finished = True
+                    self.finished = clients.idle()
                     break
-                if next_event > until_s:
-                    self.clock = max(self.clock, until_s)  # idle virtual time passes
+                if not self._idle_to(next_event, until_s):
                     break
-                self.clock = max(self.clock, next_event)
                 continue
             if replica.clock >= until_s:
                 break
@@ -400,6 +397,15 @@ class SimEngine:
             self._maybe_sample()
         return self.finished
 
+    def _idle_to(self, next_event: float, until_s: float) -> bool:
+        """No replica is busy: idle virtual time passes to `next_event`, or to `until_s` if that comes first
+        (then False: advance_until stops there)."""
+        if next_event > until_s:
+            self.clock = max(self.clock, until_s)
+            return False
+        self.clock = max(self.clock, next_event)
+        return True
+
     def _advance_passthrough(self, until_s: float) -> bool:
         """advance_until for fcfs on one plain replica, the simulator's hot loop (one pass per arrival, completion,
         engine sample or eventful step: 250k for 100k bench-chat requests): the same steps in the same order,
@@ -414,13 +420,10 @@ class SimEngine:
             if not (replica.running_order or replica.waiting):  # idle: jump to the next send
                 next_event = clients.next_send_time()
                 if next_event == math.inf:
-                    if not clients.blocked and clients.in_flight == 0:
-                        self.finished = True
+                    self.finished = clients.idle()
                     break
-                if next_event > until_s:
-                    self.clock = max(self.clock, until_s)  # idle virtual time passes
+                if not self._idle_to(next_event, until_s):
                     break
-                self.clock = max(self.clock, next_event)
                 continue
             if replica.clock >= until_s:
                 break

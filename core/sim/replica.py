@@ -296,6 +296,7 @@ class EngineReplica:
         times = self.step_times
         base = self._block_base
         ran = 0
+        completing = False
         while (
             step <= first_finish
             and clock < until_s
@@ -323,19 +324,8 @@ class EngineReplica:
             generated += rate
             ran += 1
             if step == first_finish:
-                # The step that completes requests: step_once's tail (its KV check cannot fire: kv + rate fit).
-                self.kv_used = kv
-                self.clock = clock
-                self.busy_s = busy
-                self.generated_tokens = generated
-                self.step = step
-                self._noise_i = i
-                while heap and heap[0][0] <= step:
-                    _, _, req = heapq.heappop(heap)
-                    if req.alive:
-                        self._complete(req, step)
-                self.step = step + 1
-                return ran
+                completing = True
+                break
             step += 1
             if (clock if clock > clock_floor else clock_floor) >= sample_s:
                 break
@@ -345,6 +335,13 @@ class EngineReplica:
         self.generated_tokens = generated
         self.step = step
         self._noise_i = i
+        if completing:
+            # The step that completes requests: step_once's tail (its KV check cannot fire: kv + rate fit).
+            while heap and heap[0][0] <= step:
+                _, _, req = heapq.heappop(heap)
+                if req.alive:
+                    self._complete(req, step)
+            self.step = step + 1
         return ran
 
     def step_once(self) -> bool:
