@@ -365,16 +365,13 @@ class SimEngine:
             if replica is None:
                 wakeup = math.inf if self._passthrough else policy.next_wakeup(self.clock)
                 next_event = min(clients.next_send_time(), wakeup)
-                if next_event == math.inf:
-                    if self._held:
-                        # Idle with requests held: the policy's last chance to serve them, else deferred.
-                        self._ask_policy(self.clock)
-                        if self._next_replica() is not None:
-                            continue
-                        self._finish()
+                if next_event == math.inf and self._held:
+                    # Idle with requests held: the policy's last chance to serve them, else deferred.
+                    self._ask_policy(self.clock)
+                    if self._next_replica() is not None:
                         continue
-                    self.finished = clients.idle()
-                    break
+                    self._finish()
+                    continue
                 if not self._idle_to(next_event, until_s):
                     break
                 continue
@@ -398,8 +395,12 @@ class SimEngine:
         return self.finished
 
     def _idle_to(self, next_event: float, until_s: float) -> bool:
-        """No replica is busy: idle virtual time passes to `next_event`, or to `until_s` if that comes first
-        (then False: advance_until stops there)."""
+        """No replica is busy and nothing is held: idle virtual time passes to `next_event`, or to `until_s` if
+        that comes first. False when advance_until stops: at `until_s`, or with no event left (then the run
+        is finished unless a request is still in flight or waits for a slot)."""
+        if next_event == math.inf:
+            self.finished = self.clients.idle()
+            return False
         if next_event > until_s:
             self.clock = max(self.clock, until_s)
             return False
@@ -418,11 +419,7 @@ class SimEngine:
         while not self.finished:
             clients.release(self.clock)
             if not (replica.running_order or replica.waiting):  # idle: jump to the next send
-                next_event = clients.next_send_time()
-                if next_event == math.inf:
-                    self.finished = clients.idle()
-                    break
-                if not self._idle_to(next_event, until_s):
+                if not self._idle_to(clients.next_send_time(), until_s):
                     break
                 continue
             if replica.clock >= until_s:
