@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import signal
@@ -28,6 +29,13 @@ from core.jobs.run import RunResult
 from core.profile import ProfileError
 
 log = logging.getLogger("slo_console")
+
+# Allocations between two young-generation collections in a batch `run` (Python's default is 700). A run
+# keeps nearly all it allocates (each request's spec, record and timeline live to the summary), so the
+# default scanned them about 400 times and the whole heap 3 times in a 100k-request fcfs run, 0.5 of its
+# 6.5 CPU-s, collecting next to nothing (the peak memory is the same either way). Only for `run`: a tune
+# under it peaked at 195 MB instead of 91 MB (its garbage cycles waited longer to be collected).
+RUN_GC_YOUNG_THRESHOLD = 100_000
 
 
 class EventWriter:
@@ -128,6 +136,16 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def run_batch(options: OperatorOptions, stdout: IO[str] | None = None) -> int:
     """Run `options.job` headless; returns the exit code (core/exit_codes.py)."""
+    thresholds = gc.get_threshold()
+    if options.job == "run":
+        gc.set_threshold(RUN_GC_YOUNG_THRESHOLD, *thresholds[1:])
+    try:
+        return _run_batch(options, stdout)
+    finally:
+        gc.set_threshold(*thresholds)  # an embedding caller (the tests) gets its collector back as it was
+
+
+def _run_batch(options: OperatorOptions, stdout: IO[str] | None) -> int:
     logging.basicConfig(level=logging.INFO, format="slo-console: %(message)s", stream=sys.stderr)
     # httpx and httpcore log every request at INFO; a live run sends thousands.
     for noisy in ("httpx", "httpcore"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from core.metrics import benefit, compute_outcomes, idle_latency_s, outcomes, smooth_goodput, summarize
+from core.metrics import summary as summary_module
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord, RequestSLO, Status
 
@@ -70,6 +71,26 @@ def test_e2e_percentiles_use_numpy_linear_interpolation() -> None:
     assert s.p95_s == pytest.approx(3.85)
     assert s.p99_s == pytest.approx(3.97)
     assert s.mean_s == pytest.approx(2.5)
+
+
+@pytest.mark.parametrize("kind", ["lognormal", "ties", "signed", "infinities", "nan"])
+def test_small_array_percentiles_equal_numpys_to_the_bit(kind: str) -> None:
+    """`percentiles` sorts arrays of up to summary._SMALL values and interpolates itself (the live window's
+    path); every figure must be np.percentile's, in every size up to that bound and one beyond it."""
+    rng = np.random.default_rng(7)
+    for n in [*range(1, 40), 127, 500, summary_module._SMALL, summary_module._SMALL + 1]:
+        values = {
+            "lognormal": rng.lognormal(0.0, 2.0, n),
+            "ties": rng.integers(0, 4, n) * 0.1,
+            "signed": rng.normal(0.0, 1e-3, n),
+            "infinities": np.where(rng.random(n) < 0.1, np.inf, rng.random(n)),
+            "nan": np.where(rng.random(n) < 0.05, np.nan, rng.random(n)),
+        }[kind]
+        for qs in [(50.0, 90.0, 95.0, 99.0), (99.0,), (0.0, 100.0, 12.5, 33.3)]:
+            with np.errstate(invalid="ignore"):  # inf - inf
+                expected = np.percentile(values, qs, method="linear").tolist()
+                got = summary_module.percentiles(values, qs)
+            assert np.array_equal(np.array(got), np.array(expected), equal_nan=True), (kind, n, qs, got, expected)
 
 
 def test_ttft_tpot_itl_of_one_streamed_request() -> None:

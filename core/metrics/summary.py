@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from core.metrics.itl import GapSeries, itl_summary
+from core.metrics.itl import GapSeries, itl_summary, linear_percentiles
 from core.metrics.outcomes import NAN, STATUSES, RequestOutcomes, compute_outcomes
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord
@@ -35,8 +35,19 @@ def percentiles(
     `overwrite_input` lets numpy partition `values` in place (saves a copy of a 20M-gap ITL array)."""
     if len(values) == 0:
         return tuple(NAN for _ in qs)
+    if len(values) <= _SMALL:
+        # The live window's few dozen values, three times per progress event: sorting them and interpolating
+        # with numpy's formula (linear_percentiles) gives numpy's numbers without np.percentile's overhead.
+        ordered = np.sort(values)
+        if math.isnan(ordered[-1]):  # NaN sorts last; numpy's percentiles of an array holding one are NaN
+            return tuple(NAN for _ in qs)
+        return tuple(linear_percentiles(len(ordered), qs, lambda ranks: {r: float(ordered[r]) for r in ranks}))
     found = np.percentile(values, qs, method="linear", overwrite_input=overwrite_input)
     return tuple(float(v) for v in found)
+
+
+# Up to this many values, percentiles sort them (see `percentiles`).
+_SMALL = 1024
 
 
 def _mean(values: np.ndarray) -> float:

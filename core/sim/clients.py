@@ -117,6 +117,10 @@ class ClientDriver:
             heapq.heappush(self._client_sends, (next_send_s(self.plan, t), spec.client_id, self._send_order))
             self._send_order += 1
 
+    def idle(self) -> bool:
+        """Nobody waits for an in-flight slot and nothing is in flight (whatever is still to be sent)."""
+        return not self.blocked and self.in_flight == 0
+
     def done(self) -> bool:
         """Nothing left to send and nothing in flight."""
-        return self.next_send_time() == math.inf and not self.blocked and self.in_flight == 0
+        return self.next_send_time() == math.inf and self.idle()

@@ -265,10 +265,12 @@ class EngineReplica:
         step_once, in the same order and with the same noise draw, minus the per-step batch formation.
 
         A step runs only if it starts before `send_s` (the next client send: it would join the queue),
-        its replica clock is before `until_s` (advance_until stops there), it completes no request (the
-        decode heap's earliest finish step), leaves the KV cache within capacity, and no waiting request
-        could be admitted (that test is monotone here: the cache only grows). The steps stop after the first
-        one whose end reaches `sample_s`, so the caller samples the engine exactly where step_once would."""
+        its replica clock is before `until_s` (advance_until stops there), leaves the KV cache within
+        capacity, and no waiting request could be admitted (that test is monotone here: the cache only
+        grows). The run ends with the step at the decode heap's earliest finish step: that step is the same
+        batch too, and its completions are handled here as step_once's tail does (a completion changes the
+        batch, so nothing more runs in this call). The steps also stop after the first one whose end reaches
+        `sample_s`, so the caller samples the engine exactly where step_once would."""
         if self.prefilling or not self.decoding or self._stalls is not None or self._admits_head():
             return 0
         heap = self.decode_heap
@@ -294,8 +296,9 @@ class EngineReplica:
         times = self.step_times
         base = self._block_base
         ran = 0
+        completing = False
         while (
-            step < first_finish
+            step <= first_finish
             and clock < until_s
             and (clock if clock > clock_floor else clock_floor) < send_s
             and kv + rate <= capacity
@@ -319,8 +322,11 @@ class EngineReplica:
             times[step - base] = clock
             kv += rate
             generated += rate
-            step += 1
             ran += 1
+            if step == first_finish:
+                completing = True
+                break
+            step += 1
             if (clock if clock > clock_floor else clock_floor) >= sample_s:
                 break
         self.kv_used = kv
@@ -329,6 +335,13 @@ class EngineReplica:
         self.generated_tokens = generated
         self.step = step
         self._noise_i = i
+        if completing:
+            # The step that completes requests: step_once's tail (its KV check cannot fire: kv + rate fit).
+            while heap and heap[0][0] <= step:
+                _, _, req = heapq.heappop(heap)
+                if req.alive:
+                    self._complete(req, step)
+            self.step = step + 1
         return ran
 
     def step_once(self) -> bool:
