@@ -299,8 +299,14 @@ def test_an_interrupted_parallel_tune_keeps_finished_segments_and_its_resume_giv
 
     async def interrupted() -> TuneResult:
         run = asyncio.ensure_future(tune(resume=False))
-        while not journal.exists() or journaled() < 3:  # the first step's first pairs are in
+        deadline = time.monotonic() + 120
+        # Until the first step's first pairs are in; a run that ended first (an error) is awaited below and
+        # raises it, rather than the test waiting forever (a suite run once hung here).
+        while (not journal.exists() or journaled() < 3) and not run.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+        if run.done():
+            result = await run  # raises what ended it, if it raised
+            raise AssertionError(f"the tune ended before 3 segments were journaled: {result}")
         run.cancel()  # Ctrl-C mid-step: two segments are measuring
         return await run
 
