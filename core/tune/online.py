@@ -129,6 +129,8 @@ class OnlineTuner:
     _round_undecided: bool = field(init=False, default=False)  # a neighbour of this round ended inside the noise
     _incumbent_windows: list[Window] = field(init=False, default_factory=list)  # of the comparison under way
     _trial_windows: list[Window] = field(init=False, default_factory=list)
+    _paused_s: float = field(init=False, default=0.0)  # arrivals held for replica restarts since the last step
+    _held: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.incumbent = self.current = self.start
@@ -184,6 +186,12 @@ class OnlineTuner:
         self._incumbent_windows, self._trial_windows, self._pending = [], [], []
         self._hold_left = 0
         self.restart_window(now)
+
+    def note_pause(self, paused_s: float, held: int) -> None:
+        """A replica swap held arrivals at the gateway for `paused_s` (drain-and-restart: two servers did not
+        fit); the next tune_step event carries the pauses and held arrivals since the previous one."""
+        self._paused_s += paused_s
+        self._held += held
 
     def trial_failed(self, now: float, error: str) -> OnlinePoint | None:
         """The trial's point could not be put in force (its server did not start): it scores as failed, is
@@ -343,6 +351,8 @@ class OnlineTuner:
         self._emit(record, noise, trial)
 
     def _emit(self, record: StepRecord, noise: float, trial: Window) -> None:
+        paused_s, held = self._paused_s, self._held
+        self._paused_s, self._held = 0.0, 0
         if self.sink is None:
             return
         self.sink(
@@ -355,6 +365,8 @@ class OnlineTuner:
                 noise=noise,
                 window_requests=trial.segment.requests,
                 window_s=trial.segment.window_s,
+                paused_s=paused_s,
+                held=held,
             )
         )
 
