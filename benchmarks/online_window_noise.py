@@ -6,6 +6,10 @@ scored with eq. 3 as the online tuner scores a window (core/tune/score.py, lambd
 Printed per cap and N: the spread of those window scores (what a comparison of two windows really faces),
 the mean batch-means standard error the tuner uses (eq. 3 on 8 consecutive slices, spread / sqrt(8),
 core/tune/online.py), and the mean bootstrap standard error (the window's requests resampled 100 times).
+Then the window's p99 latency beside the p99 of its completed requests' output tokens (which requests
+happened to arrive, not the cap): their correlation, and the spread of the p99 before and after a linear
+regression on that p99 of output tokens (what a control variate on it would leave; eq. 3 multiplies
+the p99's spread by lambda).
 
     python benchmarks/online_window_noise.py --seeds 2 3 --caps 16 24 32 40
 """
@@ -50,7 +54,10 @@ def main() -> None:
     calibration = load_calibration(profile)
     slo_s = float(profile.slo.e2e_s or math.inf)
     rng = np.random.default_rng(0)
-    print("seed  cap  window  windows  spread of window scores  batch-means se  bootstrap se")
+    print(
+        "seed  cap  window  windows  spread of window scores  batch-means se  bootstrap se"
+        "  corr(p99, p99 output tokens)  p99 spread  after regression"
+    )
     for seed in args.seeds:
         for cap in args.caps:
             records = run_static(profile, calibration, cap, duration_s=DURATION_S, seed=seed, max_queue=QUEUE)
@@ -62,9 +69,12 @@ def main() -> None:
             eq3 = partial(window_score, out, point, slo_s, profile.tuner)
 
             for n in args.windows:
-                scores, batch_se, boot_se = [], [], []
+                scores, batch_se, boot_se, p99, p99_tokens = [], [], [], [], []
                 for start in range(1, len(records) - n, n):
                     picks = np.arange(start, start + n)
+                    completed = picks[out.ok[picks]]
+                    p99.append(float(np.percentile(out.e2e_s[completed], 99)))
+                    p99_tokens.append(float(np.percentile(out.output_tokens[completed], 99)))
                     scores.append(eq3(picks, end[start + n - 1] - end[start - 1]))
                     edges = np.linspace(0, n, BATCHES + 1).astype(int)
                     slices = [picks[edges[b] : edges[b + 1]] for b in range(BATCHES)]
@@ -73,9 +83,12 @@ def main() -> None:
                     span = end[start + n - 1] - end[start - 1]
                     boot = [eq3(picks[rng.integers(0, n, n)], span) for _ in range(RESAMPLES)]
                     boot_se.append(float(np.std(boot, ddof=1)))
+                corr = float(np.corrcoef(p99, p99_tokens)[0, 1])
+                spread = float(np.std(p99, ddof=1))
                 print(
                     f"{seed:4d}  {cap:3d}  {n:6d}  {len(scores):7d}  {np.std(scores, ddof=1):23.2f}"
-                    f"  {np.mean(batch_se):14.2f}  {np.mean(boot_se):12.2f}",
+                    f"  {np.mean(batch_se):14.2f}  {np.mean(boot_se):12.2f}  {corr:28.2f}  {spread:10.2f}"
+                    f"  {spread * math.sqrt(1 - corr**2):16.2f}",
                     flush=True,
                 )
 

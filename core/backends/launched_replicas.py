@@ -34,7 +34,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from core.events import EventSink, make_event
-from core.gateway.admission import AdmissionController
+from core.gateway.admission import AdmissionController, Upstream
 from core.gateway.server import Gateway, SwapRefused
 from core.profile import KnobsSpec, Profile, ProfileError
 from core.serve.cpu_binding import other_slot, replica_core_slots
@@ -165,17 +165,40 @@ class LaunchedReplicas:
             self._emit("replica_one_at_a_time", reason=f"a second server did not fit: {exc}")
             await self._drain_and_restart(gateway, knobs)
             return
+        upstream = self._route_to(gateway, server, knobs, slot)
+        gateway.retire_upstream(old)
+        ready_s = time.perf_counter() - began
+        left = await self._drain(gateway, old)  # past the drain timeout these end failed when the server stops
+        await self._stop(old)
+        self.swaps += 1
+        self._emit_swap(old, upstream, knobs, began, ready_s, left, SIDE_BY_SIDE)
+
+    def _route_to(self, gateway: AdmissionController, server: VllmServer, knobs: KnobsSpec, slot: int) -> Upstream:
+        """A started server becomes a routable upstream of the gateway."""
         upstream = gateway.add_upstream(server.base_url)
         self.servers[upstream.index] = server
         self.knobs[upstream.index] = knobs
         self.slots[upstream.index] = slot
-        gateway.retire_upstream(old)
-        ready_s = time.perf_counter() - began
-        left = await self._drain(gateway, old)  # past the drain timeout these end failed when the server stops
-        await asyncio.to_thread(self.servers.pop(old).stop)
-        self.knobs.pop(old, None)
-        self.slots.pop(old, None)
-        self.swaps += 1
+        return upstream
+
+    async def _stop(self, index: int) -> None:
+        await asyncio.to_thread(self.servers.pop(index).stop)
+        self.knobs.pop(index, None)
+        self.slots.pop(index, None)
+
+    def _emit_swap(
+        self,
+        old: int,
+        upstream: Upstream,
+        knobs: KnobsSpec,
+        began: float,
+        ready_s: float,
+        left: int,
+        how: str,
+        paused_s: float = 0.0,
+        held: int = 0,
+        error: str | None = None,
+    ) -> None:
         self._emit(
             "replica_swap",
             old=old,
@@ -185,9 +208,10 @@ class LaunchedReplicas:
             ready_s=ready_s,
             swap_s=time.perf_counter() - began,
             cut_in_flight=left,
-            how=SIDE_BY_SIDE,
-            paused_s=0.0,
-            held=0,
+            how=how,
+            paused_s=paused_s,
+            held=held,
+            error=error,
         )
 
     async def _drain(self, gateway: AdmissionController, index: int) -> int:
@@ -208,38 +232,21 @@ class LaunchedReplicas:
         gateway.pause()
         try:
             left = await self._drain(gateway, old)  # past the drain timeout these end failed when it stops
-            await asyncio.to_thread(self.servers.pop(old).stop)
-            self.knobs.pop(old, None)
-            self.slots.pop(old, None)
+            await self._stop(old)
             failure: Exception | None = None
             try:
                 server = await self._start(knobs, slot)
             except Exception as exc:
                 failure, knobs = exc, old_knobs
                 server = await self._start(old_knobs, slot)  # no server is up: the old flags again
-            upstream = gateway.add_upstream(server.base_url)
-            self.servers[upstream.index] = server
-            self.knobs[upstream.index] = knobs
-            self.slots[upstream.index] = slot
+            upstream = self._route_to(gateway, server, knobs, slot)
             gateway.retire_upstream(old)
         finally:
             paused_s = time.perf_counter() - began
             held = gateway.resume()
         self.swaps += failure is None
-        self._emit(
-            "replica_swap",
-            old=old,
-            new=upstream.index,
-            url=upstream.url,
-            max_num_seqs=knobs.max_num_seqs,
-            ready_s=paused_s,
-            swap_s=time.perf_counter() - began,
-            cut_in_flight=left,
-            how=DRAIN_AND_RESTART,
-            paused_s=paused_s,
-            held=held,
-            error=None if failure is None else str(failure),
-        )
+        error = None if failure is None else str(failure)
+        self._emit_swap(old, upstream, knobs, began, paused_s, left, DRAIN_AND_RESTART, paused_s, held, error)
         if failure is not None:
             raise failure
 
