@@ -4,8 +4,9 @@ On the load of benchmarks/online_tune_sim.py (saber-w1's mix at 3 req/s, queue 1
 for 20000 s; its completed stream (after the first 1000 s) is cut into consecutive windows of N requests, each
 scored with eq. 3 as the online tuner scores a window (core/tune/score.py, lambda 5, the profile's SLO).
 Printed per cap and N: the spread of those window scores (what a comparison of two windows really faces),
-the mean batch-means standard error the tuner uses (eq. 3 on 8 consecutive slices, spread / sqrt(8),
-core/tune/online.py), and the mean bootstrap standard error (the window's requests resampled 100 times).
+the mean batch-means standard error (eq. 3 on 8 consecutive slices, spread / sqrt(8): what the tuner used
+until 2026-11-26, and still uses until its control variate is fitted, core/tune/online.py), and the mean
+bootstrap standard error (the window's requests resampled 100 times).
 Then the window's p99 latency beside the p99 of its completed requests' output tokens (which requests
 happened to arrive, not the cap): their correlation, and the spread of the p99 before and after a linear
 regression on that p99 of output tokens (what a control variate on it would leave; eq. 3 multiplies
