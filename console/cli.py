@@ -106,6 +106,12 @@ def build_gateway_parser() -> argparse.ArgumentParser:
         help="start and own a vLLM from the profile's server: section instead of --upstream (with --tune, "
         "max_num_seqs is tuned too, by replica swap)",
     )
+    parser.add_argument(
+        "--one-replica",
+        action="store_true",
+        help="with --launch: two vLLMs do not fit (GPU memory), so a swap drains and restarts the server while "
+        "the gateway holds arrivals (found by itself when a second server fails to start for lack of memory)",
+    )
     parser.add_argument("--port", type=int, required=True, help="port to listen on (0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     parser.add_argument(
@@ -145,6 +151,8 @@ def gateway_main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if bool(args.upstreams) == args.launch:
         parser.error("give either --upstream URL (repeatable) or --launch")
+    if args.one_replica and not args.launch:
+        parser.error("--one-replica is for --launch (the gateway swaps only servers it started)")
     launched: dict[str, Any] = {}
     try:
         attach = (
@@ -165,7 +173,7 @@ def gateway_main(argv: list[str]) -> int:
             mode=args.mode,
             log_requests=args.log_requests,
             attach=attach,
-            launch=_launcher(launched) if args.launch else None,
+            launch=_launcher(launched, one_at_a_time=args.one_replica) if args.launch else None,
         )
     )
 
@@ -176,12 +184,13 @@ def _print_json_line(event: dict[str, Any]) -> None:
     print(to_json_line(event), flush=True)
 
 
-def _launcher(launched: dict[str, Any]):  # type: ignore[no-untyped-def]
-    """The standalone gateway's --launch: one vLLM from the profile, kept in `launched` for --tune's swaps."""
+def _launcher(launched: dict[str, Any], *, one_at_a_time: bool = False):  # type: ignore[no-untyped-def]
+    """The standalone gateway's --launch: one vLLM from the profile, kept in `launched` for --tune's swaps
+    (drain-and-restart ones with --one-replica)."""
     from core.backends.launched_replicas import LaunchedReplicas
 
     async def launch(profile):  # type: ignore[no-untyped-def]
-        replicas = launched["replicas"] = LaunchedReplicas(profile, sink=_print_json_line)
+        replicas = launched["replicas"] = LaunchedReplicas(profile, sink=_print_json_line, one_at_a_time=one_at_a_time)
         try:
             url = await replicas.start_first()
         except BaseException:

@@ -30,6 +30,7 @@ def test_usage_and_unreachable_upstream_exit_codes() -> None:
         (cli("--port", "0", "--upstream", "http://127.0.0.1:9", "--mode", "nope"), 2, "is not a scheduling mode"),
         (cli("--port", "0", "--upstream", "http://127.0.0.1:9"), 3, "upstream unreachable"),
         (cli("--port", "0"), 2, "--upstream"),
+        (cli("--port", "0", "--upstream", "http://127.0.0.1:9", "--one-replica"), 2, "--one-replica is for --launch"),
     ]
     for argv, code, message in cases:
         done = subprocess.run(argv, capture_output=True, text=True, env=env(), cwd=REPO, timeout=60)

@@ -151,6 +151,10 @@ class AdmissionController:
         # verdict is answered `deferred` at once, as the simulator defers what is still held at the end.
         self.arrivals_ended = False
         self._held: dict[int, HeldRequest] = {}
+        # While paused (`pause()`: a drain-and-restart replica swap, no upstream to send to) arrivals wait here,
+        # in arrival order, without the policy; `resume()` offers them to it in that order.
+        self.paused = False
+        self._paused: list[int] = []
         self._clock_zero = time.perf_counter()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -166,6 +170,8 @@ class AdmissionController:
         `request.arrival_s` may lie before now (the client's send time, when it said): its deadline counts
         from there."""
         now = max(request.arrival_s, self.now())
+        if self.paused:
+            return await self._wait(HeldRequest(request, asyncio.get_running_loop().create_future(), client_id))
         verdict = self.policy.on_arrival(request, now, self.routable)
         if verdict.action == "reject":
             reason = verdict.reason or REJECTED_BY_MODE
@@ -177,16 +183,21 @@ class AdmissionController:
             self._pump()
             return "release", None
         request.tier = verdict.tier
-        waiter: asyncio.Future[tuple[str, Any]] = asyncio.get_running_loop().create_future()
-        held = HeldRequest(request, waiter, client_id)
+        return await self._wait(HeldRequest(request, asyncio.get_running_loop().create_future(), client_id))
+
+    async def _wait(self, held: HeldRequest) -> tuple[str, str | None]:
+        """Hold a request (the policy's verdict, or a pause) until it is released, rejected or deferred."""
+        request, client_id = held.request, held.client_request_id
         self._held[request.request_id] = held
         self.stats.held += 1
+        if self.paused:
+            self._paused.append(request.request_id)
         if self.arrivals_ended:
             self._resolve(held, ("defer", "arrived after the run ended; never served"))
         else:
             self._pump()
         try:
-            action, detail = await waiter
+            action, detail = await held.waiter
         except asyncio.CancelledError:
             if self._held.pop(request.request_id, None) is not None:
                 self.stats.held -= 1
@@ -243,13 +254,17 @@ class AdmissionController:
         times (their deadlines stand); requests already at an upstream finish there and stay in its load."""
         old = self.policy
         carried = [r for r in old.drain() if r.request_id in self._held]
+        handed = len(carried)
         self.policy = policy
         self.stats.policy_swaps += 1
         now = self.now()
+        if self.paused:  # no release during a pause: they wait (before the arrivals it held) for `resume()`
+            self._paused = [r.request_id for r in carried] + self._paused
+            carried = []
         for request in carried:
             self._apply(request, self.policy.on_arrival(request, now, self.routable), now)
         settings = policy.describe()
-        self._emit("gateway_mode", mode=policy.name, previous=old.name, carried=len(carried), settings=settings)
+        self._emit("gateway_mode", mode=policy.name, previous=old.name, carried=handed, settings=settings)
         self._pump()
 
     def add_upstream(self, url: str) -> Upstream:
@@ -270,6 +285,27 @@ class AdmissionController:
         upstream.retired = True
         self.routable = [u for u in self.routable if u is not upstream]
         self._emit("gateway_upstream", url=upstream.url, index=index, change="retired", in_flight=upstream.load)
+
+    def pause(self) -> None:
+        """Release nothing from now on: arrivals wait at the gateway in arrival order and what the policy holds
+        stays held; requests at an upstream finish there (a drain-and-restart swap: the old server drains, no
+        server is up while the new one starts). Nothing is dropped: `resume()` goes on from where this stopped."""
+        self.paused = True
+        self.cancel_timer()
+
+    def resume(self) -> int:
+        """End a pause: the arrivals it held are offered to the policy in arrival order, with their arrival
+        times (after what the policy held already, which came first), then the policy releases as ever.
+        Returns how many arrivals the pause held."""
+        self.paused = False
+        waiting, self._paused = self._paused, []
+        now = self.now()
+        for request_id in waiting:
+            held = self._held.get(request_id)
+            if held is not None:  # else its client hung up while paused (counted failed then)
+                self._apply(held.request, self.policy.on_arrival(held.request, now, self.routable), now)
+        self._pump()
+        return len(waiting)
 
     def policy_changed(self) -> None:
         """The policy's settings changed in place (the online tuner moved a knob): ask it at once what it
@@ -358,6 +394,8 @@ class AdmissionController:
 
     def _pump(self) -> None:
         """Ask the policy what to release now, and when to ask again."""
+        if self.paused:
+            return
         if self.policy.passthrough and not self._held and self._timer is None:
             return  # fcfs-like: it releases on arrival and never holds, so there is nothing to ask
         now = self.now()

@@ -27,9 +27,18 @@ change. A round that left some neighbour inside the noise decided nothing, so th
 (with the doubled windows): holding then kept the climb below the plateau for thousands of seconds on
 saber-w1 (docs/gateway.md). The incumbent is always known (`incumbent`).
 
-Noise. A window is also scored on `batches` consecutive slices of its requests (batch means); the standard
-error of the window's score is their spread / sqrt(batches). Two points differ beyond the noise when their
-(pooled) scores differ by more than `z` standard errors of the difference.
+Noise. Two points differ beyond the noise when their (pooled) scores differ by more than `z` standard errors
+of the difference. Eq. 3 is mostly a window's p99, and that p99 is mostly *which* long requests the window
+happened to hold (on saber-w1 it correlates 0.90-0.96 with the p99 of the window's output tokens, which the
+knobs do not choose; benchmarks/online_window_noise.py). So the score is taken with a control variate (Law &
+Kelton, "Simulation Modeling and Analysis", ch. 11): the window's p99 of output tokens (of its completed
+requests), with the slope of the score on it fitted within each point over the windows of this length so far
+(`_control`); a window's score is its measured score minus slope x (its p99 of tokens - their mean), and its
+standard error is the residual spread of that fit, once the fit has `CONTROL_MIN_DOF` degrees of freedom
+(windows less points less one). Until then, and for a window with no completed request, the window is also
+scored on `batches` consecutive slices of its requests (batch means), and its standard error is their spread
+/ sqrt(batches): on 200-request windows half of what such windows really spread (eq. 3's p99 of a 25-request
+slice is its maximum), which let noise pass for gains (docs/gateway.md, "Online tuning").
 
 Settling. Requests admitted under the previous setting finish after a switch; the window starts
 `settle` later: the 99th percentile of the previous window's latency (all but 1% of those requests have
@@ -59,6 +68,10 @@ from core.tune.score import FAILED_SCORE, Segment, score
 ONLINE_ALGORITHM = "online"
 SETTLE_QUANTILE = 99
 MAX_HOLD_DOUBLINGS = 3  # the hold after quiet rounds grows to at most 8 x hold_windows
+# The control variate's fit needs this many degrees of freedom (windows of one length, less the points they
+# measured, less the slope) before it replaces batch means: a slope and a spread from fewer would be noise.
+CONTROL_MIN_DOF = 8
+SCORE_QUANTILE = 99  # eq. 3's percentile: the control is the same percentile of the window's output tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +107,8 @@ class Window:
     start_s: float
     end_s: float
     settle_s: float  # the 99th percentile of its completed requests' latency (0 when none completed)
+    size: int = 0  # the window length in force (requests) when it closed
+    tokens_p99: float = math.nan  # the 99th percentile of its completed requests' output tokens (the control)
 
 
 def pooled(windows: list[Window]) -> tuple[float, float]:
@@ -129,6 +144,8 @@ class OnlineTuner:
     _round_undecided: bool = field(init=False, default=False)  # a neighbour of this round ended inside the noise
     _incumbent_windows: list[Window] = field(init=False, default_factory=list)  # of the comparison under way
     _trial_windows: list[Window] = field(init=False, default_factory=list)
+    _paused_s: float = field(init=False, default=0.0)  # arrivals held for replica restarts since the last step
+    _held: int = field(init=False, default=0)
 
     def __post_init__(self) -> None:
         self.incumbent = self.current = self.start
@@ -185,6 +202,12 @@ class OnlineTuner:
         self._hold_left = 0
         self.restart_window(now)
 
+    def note_pause(self, paused_s: float, held: int) -> None:
+        """A replica swap held arrivals at the gateway for `paused_s` (drain-and-restart: two servers did not
+        fit); the next tune_step event carries the pauses and held arrivals since the previous one."""
+        self._paused_s += paused_s
+        self._held += held
+
     def trial_failed(self, now: float, error: str) -> OnlinePoint | None:
         """The trial's point could not be put in force (its server did not start): it scores as failed, is
         rolled back, and the next window starts at `now`. Returns the point to run (the incumbent)."""
@@ -232,9 +255,49 @@ class OnlineTuner:
         )
         e2e = [r.e2e_s for r in records if r.ok and r.e2e_s is not None]
         settle = float(np.percentile(e2e, SETTLE_QUANTILE)) if e2e else 0.0
-        window = Window(index, self.current, segment, score_se, self._window_start_s, now, settle)
+        tokens = [r.output_tokens for r in records if r.ok and r.e2e_s is not None]
+        tokens_p99 = float(np.percentile(tokens, SCORE_QUANTILE)) if tokens else math.nan
+        window = Window(
+            index, self.current, segment, score_se, self._window_start_s, now, settle, self.window_requests, tokens_p99
+        )
         self.windows.append(window)
         return window
+
+    def _control(self, size: int) -> tuple[float, float, float] | None:
+        """The control variate over the windows of length `size` measured so far: (slope of the score on the
+        window's p99 of output tokens within each point, that p99's mean, the residual standard deviation of
+        one window's score), or None while too few windows say it."""
+        history = [
+            w for w in self.windows if w.size == size and math.isfinite(w.segment.score) and math.isfinite(w.tokens_p99)
+        ]
+        by_point: dict[OnlinePoint, list[Window]] = {}
+        for w in history:
+            by_point.setdefault(w.point, []).append(w)
+        dof = len(history) - len(by_point) - 1
+        if dof < CONTROL_MIN_DOF:
+            return None
+        xs, ys = [], []
+        for group in by_point.values():
+            x = np.array([w.tokens_p99 for w in group])
+            y = np.array([w.segment.score for w in group])
+            xs.append(x - x.mean())
+            ys.append(y - y.mean())
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        if not float(x @ x) > 0:
+            return None
+        slope = float(x @ y) / float(x @ x)
+        residual = y - slope * x
+        return slope, float(np.mean([w.tokens_p99 for w in history])), math.sqrt(float(residual @ residual) / dof)
+
+    def _pooled(self, windows: list[Window]) -> tuple[float, float]:
+        """Mean score of windows of one point and its standard error: with the control variate once the windows
+        of this length say it, else as measured (`pooled`)."""
+        control = self._control(windows[0].size) if windows else None
+        if control is None or not all(math.isfinite(w.segment.score) and math.isfinite(w.tokens_p99) for w in windows):
+            return pooled(windows)
+        slope, mean_tokens, sd = control
+        adjusted = [w.segment.score - slope * (w.tokens_p99 - mean_tokens) for w in windows]
+        return float(np.mean(adjusted)), sd / math.sqrt(len(windows))
 
     def _start_window(self, now: float, closed: Window) -> None:
         """The next window starts now, or after the settle time when the point just changed."""
@@ -282,8 +345,8 @@ class OnlineTuner:
 
     def _after_trial_window(self, trial: Window) -> None:
         self._trial_windows.append(trial)
-        inc_score, inc_se = pooled(self._incumbent_windows)
-        trial_score, trial_se = pooled(self._trial_windows)
+        inc_score, inc_se = self._pooled(self._incumbent_windows)
+        trial_score, trial_se = self._pooled(self._trial_windows)
         noise = self.settings.z * math.hypot(inc_se, trial_se)
         gain = trial_score - inc_score if math.isfinite(trial_score) and math.isfinite(inc_score) else math.nan
         pairs = len(self._trial_windows)
@@ -343,6 +406,8 @@ class OnlineTuner:
         self._emit(record, noise, trial)
 
     def _emit(self, record: StepRecord, noise: float, trial: Window) -> None:
+        paused_s, held = self._paused_s, self._held
+        self._paused_s, self._held = 0.0, 0
         if self.sink is None:
             return
         self.sink(
@@ -355,6 +420,8 @@ class OnlineTuner:
                 noise=noise,
                 window_requests=trial.segment.requests,
                 window_s=trial.segment.window_s,
+                paused_s=paused_s,
+                held=held,
             )
         )
 

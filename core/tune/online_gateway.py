@@ -94,6 +94,7 @@ class OnlineGatewayTuning:
         swaps = self.replicas.swaps
         in_force = await self.replicas.swap_knobs(self.gateway, knobs)
         if self.replicas.swaps > swaps:
+            self._note_pause()
             self.tuner.jump(point, self.gateway.now())
         return in_force | {"concurrency": self.policy.cap, "mode": self.policy.point.mode}
 
@@ -117,16 +118,25 @@ class OnlineGatewayTuning:
 
     async def _swap(self, knobs: KnobsSpec) -> None:
         assert self.replicas is not None
+        self.replicas.last_swap = {}
         try:
             await self.replicas.swap(self.gateway, knobs)
         except Exception as exc:  # the new server did not start: the old one still serves; roll the trial back
+            self._note_pause()
             point = self.tuner.trial_failed(self.gateway.now(), f"replica swap failed: {exc}")
             if point is not None:
                 self.apply(point)
         else:
+            self._note_pause()
             self.tuner.restart_window(self.gateway.now())
         finally:
             self.swap = None
+
+    def _note_pause(self) -> None:
+        """A drain-and-restart swap held arrivals at the gateway: the tuner's next tune_step event says so."""
+        assert self.replicas is not None
+        last = self.replicas.last_swap
+        self.tuner.note_pause(float(last.get("paused_s") or 0.0), int(last.get("held") or 0))
 
     async def _run(self) -> None:
         while True:
