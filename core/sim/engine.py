@@ -424,12 +424,15 @@ class SimEngine:
                 continue
             if replica.clock >= until_s:
                 break
-            if not (
-                decode_runs
-                and replica.run_decode_steps(
-                    self.clock, clients.next_send_time(), until_s, self._next_sample_s if sampling else math.inf
+            if (
+                not (
+                    decode_runs
+                    and replica.run_decode_steps(
+                        self.clock, clients.next_send_time(), until_s, self._next_sample_s if sampling else math.inf
+                    )
                 )
-            ) and not replica.step_once():
+                and not replica.step_once()
+            ):
                 raise RuntimeError(STALLED)
             if replica.clock > self.clock:
                 self.clock = replica.clock
