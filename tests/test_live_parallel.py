@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -234,10 +235,39 @@ def test_a_segment_asks_for_a_gpu_where_the_cluster_has_one_else_a_cpu_slot_else
 def test_cpu_slots_go_one_per_segment_and_come_back(cpu_slots: None) -> None:
     with cpu_slot() as first, cpu_slot() as second:
         assert (first, second) == ("0", "1")
-        with pytest.raises(BackendUnavailable, match="every core set"), cpu_slot():
+        with pytest.raises(BackendUnavailable, match="every core set"), cpu_slot(patience_s=0.2):
             pass
     with cpu_slot() as again:
         assert again == "0"
+
+
+HOLD_LOCK = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def test_a_core_set_held_a_moment_longer_by_another_process_is_waited_for(tmp_path: Path, cpu_slots: None) -> None:
+    """A set released a moment ago can still be held by a child another thread forked before the release,
+    until it reaches exec: the segment waits for it rather than failing (a suite run failed here)."""
+    with cpu_slot() as first:
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_LOCK, str(tmp_path / "slo-console-vllm-cpu-1.lock"), "0.5"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+            started = time.monotonic()
+            with cpu_slot() as second:
+                waited = time.monotonic() - started
+        finally:
+            holder.wait(timeout=30)
+    assert (first, second) == ("0", "1")
+    assert waited > 0.1  # it did wait for the holder, which let go when it ended
 
 
 def test_without_cpu_slots_vllm_binds_itself(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -67,16 +67,47 @@ def slot_demand(cluster: dict[str, float]) -> dict[str, Any]:
     )
 
 
+# How long a segment waits for a core set that is still held: one released a moment ago can stay held for a
+# few milliseconds more, and under load for longer, by a child process that another thread of this process
+# forked before the release and that has not yet reached exec (the flock goes with the open file, which the
+# child shares until exec closes it: a suite run saw "every core set is taken" with two of two slots busy).
+SLOT_PATIENCE_S = 5.0
+_SLOT_POLL_S = 0.05
+
+
 @contextlib.contextmanager
-def cpu_slot() -> Iterator[str | None]:
+def cpu_slot(patience_s: float = SLOT_PATIENCE_S) -> Iterator[str | None]:
     """This node's first free core set from SLO_CONSOLE_VLLM_CPU_SLOTS, held (an exclusive file lock, which
     the kernel drops when the process dies) until the segment ends; None when the variable is unset (vLLM
     binds as it likes). Ray decides how many segments a node runs (its `vllm_slot` count); this only says
-    which of the node's cores each one takes, as Ray's CUDA_VISIBLE_DEVICES does for GPUs."""
+    which of the node's cores each one takes, as Ray's CUDA_VISIBLE_DEVICES does for GPUs. With every set
+    taken it polls for `patience_s` (SLOT_PATIENCE_S) before saying so: a wait of milliseconds in practice,
+    in a segment that lasts minutes."""
     slots = os.environ.get(ENV_CPU_SLOTS, "").split()
     if not slots:
         yield None
         return
+    deadline = time.monotonic() + patience_s
+    while True:
+        taken = _take_free_slot(slots)
+        if taken is not None:
+            bind, fd = taken
+            try:
+                yield bind
+            finally:
+                os.close(fd)  # closing drops the lock
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(_SLOT_POLL_S)
+    raise BackendUnavailable(
+        f"every core set in {ENV_CPU_SLOTS}={' '.join(slots)!r} is taken on {socket.gethostname()}: give the node "
+        f"no more {LIVE_SLOT_RESOURCE!r} resources than {ENV_CPU_SLOTS} has entries"
+    )
+
+
+def _take_free_slot(slots: list[str]) -> tuple[str, int] | None:
+    """The first core set whose lock this process gets now, with the lock's descriptor; None if all are held."""
     for bind in slots:
         path = Path(tempfile.gettempdir()) / f"slo-console-vllm-cpu-{re.sub(r'[^0-9A-Za-z]+', '_', bind)}.lock"
         fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
@@ -85,15 +116,8 @@ def cpu_slot() -> Iterator[str | None]:
         except BlockingIOError:
             os.close(fd)
             continue
-        try:
-            yield bind
-        finally:
-            os.close(fd)  # closing drops the lock
-        return
-    raise BackendUnavailable(
-        f"every core set in {ENV_CPU_SLOTS}={' '.join(slots)!r} is taken on {socket.gethostname()}: give the node "
-        f"no more {LIVE_SLOT_RESOURCE!r} resources than {ENV_CPU_SLOTS} has entries"
-    )
+        return bind, fd
+    return None
 
 
 def _task_profile(profile: Profile, bind: str | None) -> Profile:
