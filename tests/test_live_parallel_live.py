@@ -99,11 +99,20 @@ def test_two_candidates_measured_at_once_on_two_vllm_cpu_servers_one_core_each(t
     # One core each, at the same time: each started before the other ended.
     assert {notes[WIDE]["cpu_slot"], notes[OFF]["cpu_slot"]} == {"0", "1"}
     assert notes[WIDE]["started_at"] < notes[OFF]["ended_at"] and notes[OFF]["started_at"] < notes[WIDE]["ended_at"]
-    # Each server ran its own candidate's flags: the useless 8-wide draft costs far more than measurement noise
-    # (a first run beside three other vLLMs on the 2 cores, 2026-11-26: p50 8.90 s against 0.84 s, 0.43
-    # against 3.46 completions/s; with only 4 completions in the wide window, its p99 is a maximum of 4).
+    # Each server ran its own candidate's flags, first as its own /metrics counted them: the wide server
+    # drafted tokens and accepted next to none of them (the useless draft), the other drafted none.
+    wide_server, off_server = notes[WIDE].get("server") or {}, notes[OFF].get("server") or {}
+    print(f"wide: p50 {wide.p50_s:.2f} s, {wide.throughput_rps:.2f}/s, server {wide_server}")
+    print(f"off:  p50 {off.p50_s:.2f} s, {off.throughput_rps:.2f}/s, server {off_server}")
+    assert (wide_server.get("spec_draft_tokens") or 0) > 0, wide_server
+    assert (wide_server.get("spec_mean_acceptance_length") or 9.0) < 1.2, wide_server
+    assert not off_server.get("spec_draft_tokens"), off_server
+    # Then as the clients timed it: the 8 draft passes per step cost far more than measurement noise in the
+    # median request (2026-11-26: p50 8.90 s against 0.84 s beside three other vLLMs on the 2 cores). Not the
+    # completion rate: on this machine both servers' API processes share both cores with the clients and Ray,
+    # and a CI run with the spec-off server starved (its p99 time per token 45 ms against the wide one's 37 ms)
+    # measured 3.94 against 2.37 completions/s, where earlier runs gave 4-9x.
     assert wide.p50_s > 2 * off.p50_s, (wide.p50_s, off.p50_s)
-    assert off.throughput_rps > 2 * wide.throughput_rps, (off.throughput_rps, wide.throughput_rps)
     journaled = (tmp_path / "tune-journal.jsonl").read_text()
     assert journaled.count('"kind":"segment"') == 2
     deadline = time.monotonic() + 60

@@ -349,6 +349,7 @@ def _server_summary(delta: VllmMetrics) -> dict[str, Any]:
         "generation_tokens": delta.generation_tokens_total,
         "prompt_tokens": delta.prompt_tokens_total,
         "preemptions": delta.preemptions_total,
+        "spec_draft_tokens": delta.spec_draft_tokens_total,
         "spec_acceptance_rate": delta.spec_acceptance_rate,
         "spec_mean_acceptance_length": delta.spec_mean_acceptance_length,
     }

@@ -191,6 +191,10 @@ class LiveSegmentRunner:
         if summary.completed == 0:
             return Measurement(summary, wall_s, error="no request completed in the measurement window")
         measured_notes: dict[str, Any] = {"startup_s": notes.get("startup_s")}
+        if "server" in outcome.notes:
+            # What the server's own /metrics counted over the segment (tokens, speculation's drafts and
+            # acceptance): evidence of the flags it actually ran with, beside the client's timings.
+            measured_notes["server"] = outcome.notes["server"]
         if summary.failed:
             measured_notes["failure_causes"] = failure_causes(outcome.records)
         return Measurement(summary, wall_s, notes=measured_notes)
