@@ -26,6 +26,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +34,7 @@ import aiohttp
 import pytest
 import yaml
 
-from core.backends.launched_replicas import DRAIN_AND_RESTART, LaunchedReplicas
+from core.backends.launched_replicas import DRAIN_AND_RESTART, SIDE_BY_SIDE, LaunchedReplicas
 from core.control.concurrency_cap import ConcurrencyCapPolicy
 from core.gateway.server import Gateway
 from core.profile import KnobsSpec, load_profile
@@ -88,140 +89,113 @@ async def _client(url: str, model: str, stop: asyncio.Event, statuses: list[int]
             await asyncio.sleep(THINK_S)
 
 
+@dataclass
+class SwapRun:
+    """What one swap under steady load left behind, for the tests to check."""
+
+    gateway: Gateway
+    events: list[dict[str, Any]]
+    statuses: list[int]  # every client request's HTTP status
+    audits: list[bool]  # the gateway's account closed? every 10 ms
+    pids: list[int]  # the old and the new server's process group leaders
+    logs: list[Path]  # their vLLM logs
+    before: int  # requests completed before the swap began
+    dispatched_while_down: int  # audits that saw a request on a server already stopped
+
+    @property
+    def swap(self) -> dict[str, Any]:
+        return next(e for e in self.events if e["event"] == "replica_swap")
+
+
+def _swap_under_steady_load(tmp_path: Path, *, one_at_a_time: bool) -> SwapRun:
+    """CLIENTS closed-loop clients through a gateway (cap 8) in front of a launched vLLM with max_num_seqs 4; after
+    5 s the gateway swaps it for one with max_num_seqs 8, and the clients go on for 5 s more."""
+    profile = load_profile(_profile_file(tmp_path))
+    run = SwapRun(None, [], [], [], [], [], 0, 0)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        replicas = LaunchedReplicas(profile, sink=run.events.append, one_at_a_time=one_at_a_time)
+
+        def note_server(index: int) -> None:
+            run.pids.append(replicas.servers[index].process.pid)  # type: ignore[union-attr]
+            run.logs.append(replicas.servers[index].process.log_path)  # type: ignore[union-attr,arg-type]
+
+        try:
+            first = await replicas.start_first()
+            note_server(0)
+            async with Gateway([first], ConcurrencyCapPolicy(cap=8), profile=profile) as gateway:
+                run.gateway = gateway
+                async with aiohttp.ClientSession() as session, session.get(first + "/v1/models") as response:
+                    model = (await response.json())["data"][0]["id"]
+                stop = asyncio.Event()
+
+                async def audit() -> None:
+                    while not stop.is_set():
+                        run.audits.append(gateway.stats.accounted())
+                        stopped = [u for u in gateway.upstreams if u.index not in replicas.servers]
+                        run.dispatched_while_down += any(u.load for u in stopped)
+                        await asyncio.sleep(0.01)
+
+                auditor = asyncio.create_task(audit())
+                clients = [
+                    asyncio.create_task(_client(gateway.base_url, model, stop, run.statuses)) for _ in range(CLIENTS)
+                ]
+                await asyncio.sleep(5)
+                run.before = len(run.statuses)
+                await replicas.swap(gateway, KnobsSpec(max_num_seqs=8))
+                note_server(1)
+                served_old = gateway.upstreams[0].served
+                await asyncio.sleep(5)
+                stop.set()
+                await asyncio.gather(*clients)
+                await gateway.settle(30)
+                run.audits.append(gateway.stats.accounted())
+                await auditor
+                assert gateway.upstreams[0].served == served_old  # nothing new reached the old server
+                assert gateway.upstreams[1].served > 0
+        finally:
+            await replicas.close()
+
+    asyncio.run(scenario())
+    print(f"swap: {run.swap}; {len(run.statuses)} requests")
+    return run
+
+
+def _assert_nothing_failed_and_all_accounted(run: SwapRun) -> None:
+    assert run.before > 0, "no request completed before the swap"
+    assert run.swap["max_num_seqs"] == 8 and run.swap["cut_in_flight"] == 0 and run.swap["error"] is None
+    assert run.statuses and set(run.statuses) == {200}
+    stats = run.gateway.stats
+    assert stats.failed == 0 and stats.received == stats.completed == len(run.statuses)
+    assert run.audits and all(run.audits)
+    assert run.dispatched_while_down == 0
+    for pid in run.pids:
+        assert group_members(pid) == [], f"vLLM process group {pid} left running"
+
+
 # The two servers run side by side during the swap on disjoint cores (core/serve/cpu_binding.py): on this 2-core
 # machine the old one's OpenMP threads on core 0, the new one's on core 1. Before that binding both pinned core 0
 # and the new one's start-up stalled behind the serving one (not ready within 900 s in a CI run, 2026-11-26).
 def test_a_replica_swap_under_steady_load_fails_nothing_and_accounts_for_every_request(tmp_path: Path) -> None:
-    profile = load_profile(_profile_file(tmp_path))
-    events: list[dict[str, Any]] = []
-    statuses: list[int] = []
-    audits: list[bool] = []
-    pids: list[int] = []
-    logs: list[Path] = []
-
-    async def scenario() -> Gateway:
-        replicas = LaunchedReplicas(profile, sink=events.append)
-        try:
-            first = await replicas.start_first()
-            pids.append(replicas.servers[0].process.pid)  # type: ignore[union-attr]
-            logs.append(replicas.servers[0].process.log_path)  # type: ignore[union-attr,arg-type]
-            async with Gateway([first], ConcurrencyCapPolicy(cap=8), profile=profile) as gateway:
-                async with aiohttp.ClientSession() as session, session.get(first + "/v1/models") as response:
-                    model = (await response.json())["data"][0]["id"]
-                stop = asyncio.Event()
-
-                async def audit() -> None:
-                    while not stop.is_set():
-                        audits.append(gateway.stats.accounted())
-                        await asyncio.sleep(0.01)
-
-                auditor = asyncio.create_task(audit())
-                clients = [
-                    asyncio.create_task(_client(gateway.base_url, model, stop, statuses)) for _ in range(CLIENTS)
-                ]
-                await asyncio.sleep(5)
-                before = len(statuses)
-                await replicas.swap(gateway, KnobsSpec(max_num_seqs=8))
-                pids.append(replicas.servers[1].process.pid)  # type: ignore[union-attr]
-                logs.append(replicas.servers[1].process.log_path)  # type: ignore[union-attr,arg-type]
-                served_old = gateway.upstreams[0].served
-                await asyncio.sleep(5)
-                stop.set()
-                await asyncio.gather(*clients)
-                await gateway.settle(30)
-                audits.append(gateway.stats.accounted())
-                stop.set()
-                await auditor
-                assert before > 0, "no request completed before the swap"
-                assert gateway.upstreams[0].served == served_old  # nothing new reached the old server
-                assert gateway.upstreams[1].served > 0
-                return gateway
-        finally:
-            await replicas.close()
-
-    gateway = asyncio.run(scenario())
-    swap = next(e for e in events if e["event"] == "replica_swap")
-    print(f"swap: {swap}; {len(statuses)} requests")
-    assert swap["max_num_seqs"] == 8 and swap["cut_in_flight"] == 0
-    assert statuses and set(statuses) == {200}
-    stats = gateway.stats
-    assert stats.failed == 0 and stats.received == stats.completed == len(statuses)
-    assert audits and all(audits)
+    run = _swap_under_steady_load(tmp_path, one_at_a_time=False)
+    _assert_nothing_failed_and_all_accounted(run)
+    assert run.swap["how"] == SIDE_BY_SIDE
     # Each server's OpenMP threads were bound where the gateway said, and to cores the other did not use
     # (vLLM logs "local_rank=0, core ids=[0]" when it binds).
-    bound = [_bound_cores(log) for log in logs]
-    started = [e["cores"] for e in events if e["event"] == "replica_started"]
+    bound = [_bound_cores(log) for log in run.logs]
+    started = [e["cores"] for e in run.events if e["event"] == "replica_started"]
     assert bound == [{int(c) for c in cores.split(",")} for cores in started] and not bound[0] & bound[1], bound
-    for pid in pids:
-        assert group_members(pid) == [], f"vLLM process group {pid} left running"
 
 
+# Where two servers do not fit: the clients keep sending while the one server restarts; their requests are held
+# at the gateway for the whole start-up (29 s in the first run, at load 5-9: held 3, all 200), then served.
 def test_a_drain_and_restart_swap_holds_arrivals_through_the_restart_and_fails_nothing(tmp_path: Path) -> None:
-    profile = load_profile(_profile_file(tmp_path))
-    events: list[dict[str, Any]] = []
-    statuses: list[int] = []
-    audits: list[bool] = []
-    pids: list[int] = []
-
-    async def scenario() -> tuple[Gateway, int, int]:
-        replicas = LaunchedReplicas(profile, sink=events.append, one_at_a_time=True)
-        try:
-            first = await replicas.start_first()
-            pids.append(replicas.servers[0].process.pid)  # type: ignore[union-attr]
-            async with Gateway([first], ConcurrencyCapPolicy(cap=8), profile=profile) as gateway:
-                async with aiohttp.ClientSession() as session, session.get(first + "/v1/models") as response:
-                    model = (await response.json())["data"][0]["id"]
-                stop = asyncio.Event()
-                dispatched_while_down = 0
-
-                async def audit() -> None:
-                    nonlocal dispatched_while_down
-                    while not stop.is_set():
-                        audits.append(gateway.stats.accounted())
-                        # No server is up between the old one's stop and the new one's start: nothing may be
-                        # dispatched then (an upstream with requests on it that is not serving).
-                        if gateway.paused and any(u.load for u in gateway.upstreams if u.index not in replicas.servers):
-                            dispatched_while_down += 1
-                        await asyncio.sleep(0.01)
-
-                auditor = asyncio.create_task(audit())
-                clients = [
-                    asyncio.create_task(_client(gateway.base_url, model, stop, statuses)) for _ in range(CLIENTS)
-                ]
-                await asyncio.sleep(5)
-                before = len(statuses)
-                await replicas.swap(gateway, KnobsSpec(max_num_seqs=8))
-                pids.append(replicas.servers[1].process.pid)  # type: ignore[union-attr]
-                served_old = gateway.upstreams[0].served
-                await asyncio.sleep(5)
-                stop.set()
-                await asyncio.gather(*clients)
-                await gateway.settle(30)
-                audits.append(gateway.stats.accounted())
-                await auditor
-                assert gateway.upstreams[0].served == served_old  # nothing new reached the stopped server
-                assert gateway.upstreams[1].served > 0
-                return gateway, before, dispatched_while_down
-        finally:
-            await replicas.close()
-
-    gateway, before, dispatched_while_down = asyncio.run(scenario())
-    swap = next(e for e in events if e["event"] == "replica_swap")
-    print(f"swap: {swap}; {len(statuses)} requests")
-    assert before > 0, "no request completed before the swap"
-    assert swap["how"] == DRAIN_AND_RESTART and swap["max_num_seqs"] == 8 and swap["error"] is None
-    assert swap["cut_in_flight"] == 0
-    # The clients kept sending while the server restarted: their requests were held, then served.
-    assert swap["held"] >= 1 and swap["paused_s"] > 0, swap
-    assert dispatched_while_down == 0
-    assert statuses and set(statuses) == {200}
-    stats = gateway.stats
-    assert stats.failed == 0 and stats.received == stats.completed == len(statuses)
-    assert audits and all(audits)
-    started = [e for e in events if e["event"] == "replica_started"]
-    assert len(started) == 2 and started[0]["cores"] == started[1]["cores"]  # the same cores, one after the other
-    for pid in pids:
-        assert group_members(pid) == [], f"vLLM process group {pid} left running"
+    run = _swap_under_steady_load(tmp_path, one_at_a_time=True)
+    _assert_nothing_failed_and_all_accounted(run)
+    assert run.swap["how"] == DRAIN_AND_RESTART
+    assert run.swap["held"] >= 1 and run.swap["paused_s"] > 0, run.swap
+    started = [e["cores"] for e in run.events if e["event"] == "replica_started"]
+    assert len(started) == 2 and started[0] == started[1]  # the same cores, one server after the other
 
 
 def _bound_cores(log: Path) -> set[int]:
