@@ -163,6 +163,41 @@ class SlosServeStepPlanner:
         plan.prefill = admitted
         return plan
 
+    def plain_decode_check(self, replica: Any) -> Callable[[float], bool] | None:
+        """The replica's stretch hook (PlainDecodePlanner, core/step_planner_api.py). With nothing queued or
+        prefilling and no speculation, `plan` gives every decoding request one token whenever they all fit
+        in the batch's token budget (form_batch hands out the budget a token per decode until it runs out,
+        whatever their due times), and nothing else: no admission, prefill or preemption. That budget
+        depends only on the tiers decoding, the sequences held and the KV in use, so `fits` asks the same
+        BudgetModel `plan` would for a given KV."""
+        settings = self.settings
+        if (settings.max_spec_len > 0 and settings.acceptance > 0.0) or replica.waiting or replica.prefilling:
+            return None  # speculation (drafts, acceptance draws), admissions or prefill chunks
+        deadlines = self._deadlines
+        tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
+        tiers = tier_list(tpots) if tpots else [1.0]
+        tier_of = {t: i for i, t in enumerate(tiers)}
+        mask = 0
+        for tpot in tpots:
+            mask |= 1 << tier_of[tpot]
+        decodes = len(replica.decoding)
+        sequences = replica.running
+
+        def fits(kv_used: float) -> bool:
+            budget = BudgetModel(
+                self.model,
+                tiers,
+                max_batch_tokens=settings.max_batch_tokens,
+                context_tokens=kv_used,
+                sequences=sequences,
+                max_spec_len=settings.max_spec_len,
+                acceptance=settings.acceptance,
+                knee_efficiency=settings.knee_efficiency,
+            )
+            return decodes <= int(budget.plan(mask).batch_tokens)
+
+        return fits
+
     def _admissions(self, replica: Any) -> tuple[list[Any], list[Any]]:
         """Which queued requests may be admitted this step, SLO requests before best-effort ones, and which
         best-effort requests to preempt (newest first) so that a queued SLO request gets the KV memory or
