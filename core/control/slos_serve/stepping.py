@@ -194,7 +194,7 @@ class SlosServeStepPlanner:
                 acceptance=settings.acceptance,
                 knee_efficiency=settings.knee_efficiency,
             )
-            return decodes <= int(budget.plan(mask).batch_tokens)
+            return budget.holds_decodes(mask, decodes) or decodes <= int(budget.plan(mask).batch_tokens)
 
         return fits
 
