@@ -59,7 +59,8 @@ class SlosServeStepPlanner:
         self.wants_acceptance = settings.max_spec_len > 0
         self.replica: Any = None  # the StepwiseReplica it last planned for
         self._fixed: dict[Any, tuple[float, float, bool, int]] = {}  # StepRequest -> _deadlines(it)
-        self._tasks: dict[Any, DecodeTask] = {}  # StepRequest -> its DecodeTask, reused step after step
+        # StepRequest -> (its DecodeTask, reused step after step; TPOT, best effort, id, output tokens)
+        self._tasks: dict[Any, tuple[DecodeTask, float, bool, int, int]] = {}
 
     def _deadlines(self, item: Any) -> tuple[float, float, bool, int]:
         """(prefill deadline, TPOT, best effort, request id) of a StepRequest. Fixed for as long as the request
@@ -100,17 +101,19 @@ class SlosServeStepPlanner:
         for item in replica.decoding:
             if evicted and id(item) in evicted:
                 continue
-            _, tpot, best_effort, rid = deadlines(item)
+            out_left = item.out_left
+            known = tasks.get(item)
+            if known is None:  # its task, kept with the fixed figures the loop needs (see _deadlines)
+                _, tpot, best_effort, rid = deadlines(item)
+                task = DecodeTask(rid, tpot, 0.0, out_left, best_effort)
+                known = tasks[item] = (task, tpot, best_effort, rid, item.req.spec.output_tokens)
+            task, tpot, best_effort, rid, output_tokens = known
             times = item.chunk_times
-            first = times[0] if times else now
-            due = first + (item.req.spec.output_tokens - item.out_left) * tpot  # item.generated, inline
+            due = (times[0] if times else now) + (output_tokens - out_left) * tpot  # item.generated, inline
+            # The same request's task from the last step, brought up to date (form_batch only reads it).
+            task.next_due_s = due
+            task.tokens_left = out_left
             by_id[rid] = item
-            task = tasks.get(item)
-            if task is None:
-                task = tasks[item] = DecodeTask(rid, tpot, due, item.out_left, best_effort)
-            else:  # the same request's task from the last step, brought up to date (form_batch only reads it)
-                task.next_due_s = due
-                task.tokens_left = item.out_left
             decodes.append(task)
             if not best_effort:
                 tpots.add(tpot)
@@ -239,6 +242,8 @@ class SlosServeStepPlanner:
         return bool(item.req.tier == TIER_BEST_EFFORT)
 
     def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
+        if verified == 1:  # no draft to verify: draw_accepted's answer, without a call (every plain decode)
+            return 1
         return draw_accepted(rng, request.acceptance, verified - 1)
 
     def sync(self, virtual: VirtualReplica) -> None:
