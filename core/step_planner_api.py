@@ -117,10 +117,11 @@ class PlainDecodePlanner(StepPlanner, Protocol):
     nothing admitted, prefilled or preempted, and `accepted` draws nothing."""
 
     def plain_decode_check(self, replica: StepReplicaView) -> Callable[[float], bool] | None:
-        """Asked with nothing queued or prefilling. None, or a function `fits(kv_used)` whose True promises
-        that `plan`, asked with the replica as it is now but at a later clock and with `kv_used` KV tokens in
-        use, gives the plain decode batch. The steps the replica runs on that promise never reach `plan`, so
-        the planner must keep no state that those calls would have updated."""
+        """Asked with nothing prefilling (requests may be queued: the plain batch admits none of them). None, or
+        a function `fits(kv_used)` whose True promises that `plan`, asked with the replica as it is now but at
+        a later clock and with `kv_used` KV tokens in use, gives the plain decode batch. The steps the replica
+        runs on that promise never reach `plan`, so the planner must keep no state that those calls would
+        have updated."""
         ...
 
 

@@ -31,14 +31,17 @@ PROFILES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "profil
 REQUESTS = 200
 
 
-def _count_stretch_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Count the steps the replica runs in stretches (so that a test cannot pass with none run)."""
+def _count_stretch_steps(monkeypatch: pytest.MonkeyPatch, queued: list[int] | None = None) -> list[int]:
+    """Count the steps the replica runs in stretches (so that a test cannot pass with none run), and in
+    `queued` those it runs with requests queued."""
     ran: list[int] = []
     original = stepwise.StepwiseReplica.run_decode_steps
 
     def counting(self: stepwise.StepwiseReplica, *args: float) -> int:
         steps = original(self, *args)
         ran.append(steps)
+        if queued is not None and self.waiting:
+            queued.append(steps)
         return steps
 
     monkeypatch.setattr(stepwise.StepwiseReplica, "run_decode_steps", counting)
@@ -113,6 +116,8 @@ def _pressure_plan(tpots: tuple[float, ...], count: int = 240) -> LoadPlan:
             tiny_calibration(kv_capacity_tokens=4096),
             KnobsSpec(max_num_seqs=16, max_num_batched_tokens=256),
         ),
+        # Four sequence slots: requests queue, and stretches run while only best-effort ones wait for a slot.
+        ("slots", tiny_calibration(noise_cv=0.2), KnobsSpec(max_num_seqs=4, max_num_batched_tokens=512)),
         # Step-time noise (the stretch draws it as step_once does).
         ("noise", tiny_calibration(noise_cv=0.2), KnobsSpec(max_num_seqs=32, max_num_batched_tokens=512)),
         # Stalls: no stretches (each step asks the stall clock), every step planned.
@@ -128,7 +133,8 @@ def _pressure_plan(tpots: tuple[float, ...], count: int = 240) -> LoadPlan:
 def test_slos_serve_stretches_equal_the_reference_under_pressure(
     case: str, calibration: Calibration, knobs: KnobsSpec, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ran = _count_stretch_steps(monkeypatch)
+    queued: list[int] = []
+    ran = _count_stretch_steps(monkeypatch, queued)
     preemptions: list[int] = []
 
     def run(reference: bool) -> tuple[list[RequestRecord], list[EngineSample]]:
@@ -153,3 +159,5 @@ def test_slos_serve_stretches_equal_the_reference_under_pressure(
         assert sum(ran) > 0
     if case == "kv-pressure":
         assert preemptions[0] > 0
+    if case == "slots":
+        assert sum(queued) > 0

@@ -164,7 +164,7 @@ class StepwiseReplica(EngineReplica):
         step where the planner's check says its plan would be another batch."""
         check = getattr(self.planner, "plain_decode_check", None)
         decoding = self.decoding
-        if check is None or self.waiting or self.prefilling or not decoding or self._stalls is not None:
+        if check is None or self.prefilling or not decoding or self._stalls is not None:
             return 0
         most = min(item.out_left for item in decoding)  # the last of them completes a request
         fits = check(self)

@@ -167,15 +167,23 @@ class SlosServeStepPlanner:
         return plan
 
     def plain_decode_check(self, replica: Any) -> Callable[[float], bool] | None:
-        """The replica's stretch hook (PlainDecodePlanner, core/step_planner_api.py). With nothing queued or
-        prefilling and no speculation, `plan` gives every decoding request one token whenever they all fit
-        in the batch's token budget (form_batch hands out the budget a token per decode until it runs out,
-        whatever their due times), and nothing else: no admission, prefill or preemption. That budget
-        depends only on the tiers decoding, the sequences held and the KV in use, so `fits` asks the same
-        BudgetModel `plan` would for a given KV."""
+        """The replica's stretch hook (PlainDecodePlanner, core/step_planner_api.py). With nothing prefilling,
+        nothing to admit and no speculation, `plan` gives every decoding request one token whenever they all
+        fit in the batch's token budget (form_batch hands out the budget a token per decode until it runs
+        out, whatever their due times), and nothing else. Nothing is admitted while nothing is queued, or
+        while every sequence slot is taken and either no best-effort request holds one or only best-effort
+        requests are queued (`_admissions` stops at once: no slot, and nobody to preempt for one or nobody
+        who may preempt). The budget depends only on the tiers decoding, the
+        sequences held and the KV in use, so `fits` asks the same BudgetModel `plan` would for a given KV."""
         settings = self.settings
-        if (settings.max_spec_len > 0 and settings.acceptance > 0.0) or replica.waiting or replica.prefilling:
-            return None  # speculation (drafts, acceptance draws), admissions or prefill chunks
+        if (settings.max_spec_len > 0 and settings.acceptance > 0.0) or replica.prefilling:
+            return None  # speculation (drafts, acceptance draws) or prefill chunks
+        best_effort = self._best_effort
+        if replica.waiting and (
+            replica.max_seqs > replica.running
+            or (any(map(best_effort, replica.decoding)) and not all(map(best_effort, replica.waiting)))
+        ):
+            return None  # a queued request may be admitted, or a best-effort one preempted for an SLO one
         deadlines = self._deadlines
         tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
         tiers = tier_list(tpots) if tpots else [1.0]
