@@ -223,6 +223,7 @@ class StepwiseReplica(EngineReplica):
                 item.chunk_times.extend(ends)
                 item.chunk_tokens.extend(ones)
             if ran == most:  # the last step completed requests: step_once's tail (its KV check cannot fire)
+                self.step = step - 1  # that step's index while its completions are handled, as in step_once
                 for item in sorted((r for r in decoding if r.out_left == 0), key=lambda r: r.admitted_order):
                     self._complete_item(item, clock)
             self.step = step
