@@ -1,17 +1,17 @@
 """SLOs-Serve's stretches of plain decode steps give the records the step-by-step reference gives, exactly.
 
-With nothing queued or prefilling and no speculation, SLOs-Serve's planner gives every decoding request one
-token while they fit in its batch budget; the replica then runs such steps itself, without asking the
+With nothing prefilling, nothing to admit and no speculation, SLOs-Serve's planner gives every decoding
+request one token while they fit in its batch budget; the replica then runs such steps itself, without asking the
 planner each step (stepwise.StepwiseReplica.run_decode_steps, the planner's `plain_decode_check`).
 `SimEngine(reference=True)` asks the planner every step. Every field of every record, the token timelines
 and the engine samples must be identical: on every shipped profile, with several TPOT tiers and the
-best-effort tier, under KV pressure (preemptions), with stalls, and with speculation on (no stretches).
+best-effort tier, under KV pressure (preemptions), with noise and stalls, with requests queued for a slot,
+and with speculation on (no stretches).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,9 +25,9 @@ from core.sim import stepwise
 from core.sim.engine import SimEngine
 from core.workload import build_load_plan
 from tests.test_sim import tiny_calibration
-from tests.test_sim_fast_path import assert_same_records
+from tests.test_sim_fast_path import PROFILES, assert_same_records
+from tests.test_sim_fast_path import _run as run_profile
 
-PROFILES = sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "profiles").glob("*.yaml"))
 REQUESTS = 200
 
 
@@ -57,26 +57,7 @@ def _both(run: Callable[[bool], tuple[list[RequestRecord], list[EngineSample]]])
 
 @pytest.mark.parametrize("name", PROFILES)
 def test_slos_serve_stretches_equal_the_step_by_step_reference(name: str) -> None:
-    profile = load_profile(name)
-    calibration = load_calibration(profile)
-
-    def run(reference: bool) -> tuple[list[RequestRecord], list[EngineSample]]:
-        context = ModeContext(profile=profile, calibration=calibration, seed=profile.seed)
-        requests = min(profile.workload.requests or REQUESTS, REQUESTS)
-        plan = build_load_plan(profile, seed=profile.seed, requests=requests)
-        samples: list[EngineSample] = []
-        engine = SimEngine(
-            calibration,
-            profile.knobs,
-            plan,
-            seed=profile.seed,
-            policy=make_policy("slos-serve", context),
-            on_sample=samples.append,
-            reference=reference,
-        )
-        return engine.run(), samples
-
-    _both(run)
+    _both(lambda reference: run_profile(name, "slos-serve", reference=reference, requests=REQUESTS))
 
 
 def test_bench_chat_runs_most_steps_in_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +101,7 @@ def _pressure_plan(tpots: tuple[float, ...], count: int = 240) -> LoadPlan:
         ("slots", tiny_calibration(noise_cv=0.2), KnobsSpec(max_num_seqs=4, max_num_batched_tokens=512)),
         # Step-time noise (the stretch draws it as step_once does).
         ("noise", tiny_calibration(noise_cv=0.2), KnobsSpec(max_num_seqs=32, max_num_batched_tokens=512)),
-        # Stalls: no stretches (each step asks the stall clock), every step planned.
+        # Stalls: a stretch's step asks the stall clock as step_once's does.
         (
             "stalls",
             tiny_calibration(noise_cv=0.2, stalls=StallModel(rate_per_s=2.0, mean_s=0.01, cv=1.0)),
@@ -153,7 +134,7 @@ def test_slos_serve_stretches_equal_the_reference_under_pressure(
         return records, samples
 
     _both(run)
-    if case in ("speculation", "stalls"):
+    if case == "speculation":
         assert sum(ran) == 0
     else:
         assert sum(ran) > 0

@@ -25,7 +25,7 @@ from collections import deque
 import numpy as np
 
 from core.profile import Calibration, KnobsSpec
-from core.sim.replica import NOISE_BLOCK, STEP_BLOCK, CompletionCallback, EngineReplica, SimRequest
+from core.sim.replica import CompletionCallback, EngineReplica, SimRequest
 from core.step_planner_api import BatchPlan, StepPlanner, StepRequest, draw_accepted, plan_fcfs_prefill
 
 
@@ -156,15 +156,15 @@ class StepwiseReplica(EngineReplica):
         core/step_planner_api.py: every decoding request verifying one position, nothing else); returns how
         many. The engine's contract is EngineReplica.run_decode_steps': a step runs only if it starts before
         `send_s` (the next send or policy wakeup) and `until_s`, and the steps stop after the first whose end
-        reaches `sample_s`. Each step is priced and timed with step_once's arithmetic, in the same order and
-        with the same noise draw, but without asking the planner for a plan or touching each request: their
+        reaches `sample_s`. Each step is priced and timed as step_once does it (the same calls: noise, stalls,
+        the step's end time), but without asking the planner for a plan or touching each request: their
         token timelines are brought up to date once, at the end. The stretch ends with the step that completes
         a request (its completions are handled as step_once's tail does: they change the batch), before a
         step that would overflow the KV cache (step_once runs that one and its preemptions), and before a
         step where the planner's check says its plan would be another batch."""
         check = getattr(self.planner, "plain_decode_check", None)
         decoding = self.decoding
-        if check is None or self.prefilling or not decoding or self._stalls is not None:
+        if check is None or self.prefilling or not decoding:
             return 0
         most = min(item.out_left for item in decoding)  # the last of them completes a request
         fits = check(self)
@@ -174,48 +174,26 @@ class StepwiseReplica(EngineReplica):
         step_time = self.model.step_time
         capacity = self.kv_capacity
         kv = self.kv_used
-        clock = self.clock
-        busy = self.busy_s
         generated = self.generated_tokens
-        step = self.step
-        noise = self._noise
-        i = self._noise_i
-        times = self.step_times
-        base = self._block_base
         ends: list[float] = []
         while (
             len(ends) < most
-            and clock < until_s
-            and (clock if clock > clock_floor else clock_floor) < send_s
+            and self.clock < until_s
+            and max(self.clock, clock_floor) < send_s
             and kv + n <= capacity
             and fits(kv)
         ):
-            dt = step_time(n, kv, 0, n)
-            if i >= NOISE_BLOCK:
-                self._noise = noise = self._noise_block()
-                i = 0
-            dt = dt * float(noise[i])
-            i += 1
-            clock += dt
-            busy += dt
-            if step - base >= STEP_BLOCK:
-                self._next_step_block()
-                times = self.step_times
-                base = self._block_base
-            times[step - base] = clock
-            step += 1
+            self.step = self._record_step_end(self._noisy(step_time(n, kv, 0, n))) + 1  # step_once's calls
+            clock = self.clock
             ends.append(clock)
             kv += n
             generated += n
-            if (clock if clock > clock_floor else clock_floor) >= sample_s:
+            if max(clock, clock_floor) >= sample_s:
                 break
         ran = len(ends)
         if ran:
             self.kv_used = kv
-            self.clock = clock
-            self.busy_s = busy
             self.generated_tokens = generated
-            self._noise_i = i
             ones = [1] * ran
             for item in decoding:
                 item.out_left -= ran
@@ -223,10 +201,10 @@ class StepwiseReplica(EngineReplica):
                 item.chunk_times.extend(ends)
                 item.chunk_tokens.extend(ones)
             if ran == most:  # the last step completed requests: step_once's tail (its KV check cannot fire)
-                self.step = step - 1  # that step's index while its completions are handled, as in step_once
+                self.step -= 1  # that step's index while its completions are handled, as in step_once
                 for item in sorted((r for r in decoding if r.out_left == 0), key=lambda r: r.admitted_order):
-                    self._complete_item(item, clock)
-            self.step = step
+                    self._complete_item(item, ends[-1])
+                self.step += 1
         return ran
 
     def _emit_tokens(self, item: StepRequest, now: float, emitted: int, *, grows_kv: bool = True) -> None:
