@@ -16,6 +16,7 @@ AdaServe's), one definition each.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -106,6 +107,21 @@ class StepPlanner(Protocol):
 
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
         """Tokens `request` emits after verifying `verified` positions (1..verified)."""
+        ...
+
+
+class PlainDecodePlanner(StepPlanner, Protocol):
+    """A planner that lets the replica run stretches of plain decode steps without asking `plan` each step
+    (stepwise.StepwiseReplica.run_decode_steps; the replica checks for the method with getattr, so the hook
+    is optional). Such a step's batch is every decoding request verifying one position: spec_steps 0,
+    nothing admitted, prefilled or preempted, and `accepted` draws nothing."""
+
+    def plain_decode_check(self, replica: StepReplicaView) -> Callable[[float], bool] | None:
+        """Asked with nothing prefilling (requests may be queued: the plain batch admits none of them). None, or
+        a function `fits(kv_used)` whose True promises that `plan`, asked with the replica as it is now but at
+        a later clock and with `kv_used` KV tokens in use, gives the plain decode batch. The steps the replica
+        runs on that promise never reach `plan`, so the planner must keep no state that those calls would
+        have updated."""
         ...
 
 

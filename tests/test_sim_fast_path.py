@@ -29,11 +29,13 @@ REQUESTS = 400  # fcfs: enough for preemptions, completions inside decode runs a
 MODE_REQUESTS = 60
 
 
-def _run(profile_name: str, mode: str, *, reference: bool) -> tuple[list[RequestRecord], list[EngineSample]]:
+def _run(
+    profile_name: str, mode: str, *, reference: bool, requests: int | None = None
+) -> tuple[list[RequestRecord], list[EngineSample]]:
     profile = load_profile(profile_name)
     calibration = load_calibration(profile)
     context = ModeContext(profile=profile, calibration=calibration, seed=profile.seed)
-    cap = REQUESTS if mode == "fcfs" else MODE_REQUESTS
+    cap = requests or (REQUESTS if mode == "fcfs" else MODE_REQUESTS)
     plan = build_load_plan(profile, seed=profile.seed, requests=min(profile.workload.requests or cap, cap))
     samples: list[EngineSample] = []
     engine = SimEngine(

@@ -52,3 +52,29 @@ def test_the_knee_is_the_bisections_answer(model: StepTimeModel) -> None:
         assert budget._knee(most, spec) == bisected_knee(budget, most, spec), (efficiency, ctx, seqs, spec, most)
         checked += 1
     assert checked == 5 * 4 * 5 * 2 * 5
+
+
+@pytest.mark.parametrize("model", _models())
+def test_holds_decodes_never_promises_a_batch_plan_does_not_give(model: StepTimeModel) -> None:
+    """BudgetModel.holds_decodes (the replica's per-step test in a stretch of plain decode steps) is sufficient:
+    where it says the plan has room for n decodes, plan's batch has at least n tokens; and it says so for most
+    of the cases where that is true (or the stretches would ask plan at every step after all)."""
+    promised = room = 0
+    for efficiency, ctx, seqs, tiers, decodes in itertools.product(
+        (None, 0.5, 0.95, 1.0),
+        (0.0, 917.0, 40_000.0, 250_000.0),
+        (1, 7, 64, 256),
+        ([0.01], [0.045, 0.09], [0.09, 0.5, 2.0]),
+        (1, 2, 5, 23, 64, 300),
+    ):
+        for populated in range(1, 1 << len(tiers)):
+            budget = BudgetModel(
+                model, tiers, max_batch_tokens=2048, context_tokens=ctx, sequences=seqs, knee_efficiency=efficiency
+            )
+            holds = budget.holds_decodes(populated, decodes)
+            fits = decodes <= int(budget.plan(populated).batch_tokens)
+            assert fits or not holds, (efficiency, ctx, seqs, tiers, decodes, populated)
+            promised += holds
+            room += fits
+    if model is not SIX_PER_UNIT:  # no fixed cost: a flat throughput, the knee wherever rounding puts it
+        assert promised > 0.5 * room

@@ -107,7 +107,11 @@ class SimEngine:
         # stretches of decode-only steps in one call (replica.run_decode_steps); `reference=True` steps every
         # iteration through step_once instead (the tests compare the two).
         self._plain_passthrough = self._passthrough and type(self.replicas[0]) is EngineReplica
-        self._decode_runs = self._plain_passthrough and not reference
+        # A planner's replica runs stretches of plain decode steps the same way where its planner can promise
+        # them (stepwise.StepwiseReplica.run_decode_steps; one replica: the stretch must not pass another's step).
+        self._decode_runs = not reference and (
+            self._plain_passthrough or (replicas == 1 and type(self.replicas[0]) is not EngineReplica)
+        )
         self._held = 0  # requests the policy holds
         self._policy_dirty = False  # something changed since the policy was last asked to release
 
@@ -382,7 +386,10 @@ class SimEngine:
                 self.clock = replica.clock
                 continue
             if self._decode_runs and replica.run_decode_steps(
-                self.clock, clients.next_send_time(), until_s, self._next_sample_s if self.on_sample else math.inf
+                self.clock,
+                min(clients.next_send_time(), policy.next_wakeup(self.clock)),
+                until_s,
+                self._next_sample_s if self.on_sample else math.inf,
             ):
                 self.clock = max(self.clock, replica.clock)
                 self._maybe_sample()

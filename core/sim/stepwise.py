@@ -151,6 +151,62 @@ class StepwiseReplica(EngineReplica):
         self.step = step + 1
         return True
 
+    def run_decode_steps(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> int:
+        """Run, one after another, the plain decode steps the planner promises (PlainDecodePlanner in
+        core/step_planner_api.py: every decoding request verifying one position, nothing else); returns how
+        many. The engine's contract is EngineReplica.run_decode_steps': a step runs only if it starts before
+        `send_s` (the next send or policy wakeup) and `until_s`, and the steps stop after the first whose end
+        reaches `sample_s`. Each step is priced and timed as step_once does it (the same calls: noise, stalls,
+        the step's end time), but without asking the planner for a plan or touching each request: their
+        token timelines are brought up to date once, at the end. The stretch ends with the step that completes
+        a request (its completions are handled as step_once's tail does: they change the batch), before a
+        step that would overflow the KV cache (step_once runs that one and its preemptions), and before a
+        step where the planner's check says its plan would be another batch."""
+        check = getattr(self.planner, "plain_decode_check", None)
+        decoding = self.decoding
+        if check is None or self.prefilling or not decoding:
+            return 0
+        most = min(item.out_left for item in decoding)  # the last of them completes a request
+        fits = check(self)
+        if fits is None:
+            return 0
+        n = len(decoding)
+        step_time = self.model.step_time
+        capacity = self.kv_capacity
+        kv = self.kv_used
+        generated = self.generated_tokens
+        ends: list[float] = []
+        while (
+            len(ends) < most
+            and self.clock < until_s
+            and max(self.clock, clock_floor) < send_s
+            and kv + n <= capacity
+            and fits(kv)
+        ):
+            self.step = self._record_step_end(self._noisy(step_time(n, kv, 0, n))) + 1  # step_once's calls
+            clock = self.clock
+            ends.append(clock)
+            kv += n
+            generated += n
+            if max(clock, clock_floor) >= sample_s:
+                break
+        ran = len(ends)
+        if ran:
+            self.kv_used = kv
+            self.generated_tokens = generated
+            ones = [1] * ran
+            for item in decoding:
+                item.out_left -= ran
+                item.run_tokens += ran
+                item.chunk_times.extend(ends)
+                item.chunk_tokens.extend(ones)
+            if ran == most:  # the last step completed requests: step_once's tail (its KV check cannot fire)
+                self.step -= 1  # that step's index while its completions are handled, as in step_once
+                for item in sorted((r for r in decoding if r.out_left == 0), key=lambda r: r.admitted_order):
+                    self._complete_item(item, ends[-1])
+                self.step += 1
+        return ran
+
     def _emit_tokens(self, item: StepRequest, now: float, emitted: int, *, grows_kv: bool = True) -> None:
         item.out_left -= emitted
         if grows_kv:  # the first token of a run sits in the slot its admission reserved (prompt + 1)

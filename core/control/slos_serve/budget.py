@@ -173,6 +173,35 @@ class BudgetModel:
             self._plans[populated] = cached
         return cached
 
+    def holds_decodes(self, populated: int, decodes: int) -> bool:
+        """Whether `plan(populated)` has room for `decodes` batch tokens, without speculation: a sufficient test
+        (False where unsure: then ask `plan`) that sizes the batch as `_batch` does but skips the knee's
+        search. The knee is the largest batch (checked to hold `decodes`) or a size where `_knee`'s `enough`
+        holds (its walk and `bisect_knee` both end on one), and no size below `decodes` is one when even
+        `decodes - 1` tokens over the quickest step (one token's) fall short of the goal. Float rounding is
+        monotone, so the bounds hold for the computed values too (with no negative per-token cost). The
+        simulated replica asks it at every step of a stretch of plain decode steps
+        (stepping.plain_decode_check)."""
+        if self.max_spec_len or not populated:
+            return False
+        model = self.model
+        ctx, seqs = self.context_tokens, self.sequences
+        limit = min(self.tiers[t] for t in range(len(self.tiers)) if populated >> t & 1)  # _evaluate's, gain 1
+        tokens = min(float(self.max_batch_tokens), model.tokens_within(limit, ctx, 0, seqs))
+        tokens = float(int(tokens + 1e-6))
+        if tokens <= 0.0:
+            return False  # not one token fits: `plan` falls back to the idle plan
+        if self.knee_efficiency is None or tokens <= 1.0:
+            return decodes <= tokens
+        if decodes > tokens:
+            return False
+        if decodes <= 1:
+            return True
+        longest = model.step_time(tokens, ctx, 0, seqs)
+        goal = self.knee_efficiency * tokens / longest  # _knee's
+        quickest = model.step_time(1, ctx, 0, seqs)
+        return quickest > 0.0 and (decodes - 1) / quickest < goal and all(term[1] >= 0.0 for term in model.terms)
+
     def _rate(self, plan: DecodePlan, counts: Sequence[float]) -> float:
         rate = plan.supply_tps
         for tier, n in enumerate(counts):

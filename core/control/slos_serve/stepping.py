@@ -59,7 +59,8 @@ class SlosServeStepPlanner:
         self.wants_acceptance = settings.max_spec_len > 0
         self.replica: Any = None  # the StepwiseReplica it last planned for
         self._fixed: dict[Any, tuple[float, float, bool, int]] = {}  # StepRequest -> _deadlines(it)
-        self._tasks: dict[Any, DecodeTask] = {}  # StepRequest -> its DecodeTask, reused step after step
+        # StepRequest -> (its DecodeTask, reused step after step; TPOT, best effort, id, output tokens)
+        self._tasks: dict[Any, tuple[DecodeTask, float, bool, int, int]] = {}
 
     def _deadlines(self, item: Any) -> tuple[float, float, bool, int]:
         """(prefill deadline, TPOT, best effort, request id) of a StepRequest. Fixed for as long as the request
@@ -100,17 +101,19 @@ class SlosServeStepPlanner:
         for item in replica.decoding:
             if evicted and id(item) in evicted:
                 continue
-            _, tpot, best_effort, rid = deadlines(item)
+            out_left = item.out_left
+            known = tasks.get(item)
+            if known is None:  # its task, kept with the fixed figures the loop needs (see _deadlines)
+                _, tpot, best_effort, rid = deadlines(item)
+                task = DecodeTask(rid, tpot, 0.0, out_left, best_effort)
+                known = tasks[item] = (task, tpot, best_effort, rid, item.req.spec.output_tokens)
+            task, tpot, best_effort, rid, output_tokens = known
             times = item.chunk_times
-            first = times[0] if times else now
-            due = first + (item.req.spec.output_tokens - item.out_left) * tpot  # item.generated, inline
+            due = (times[0] if times else now) + (output_tokens - out_left) * tpot  # item.generated, inline
+            # The same request's task from the last step, brought up to date (form_batch only reads it).
+            task.next_due_s = due
+            task.tokens_left = out_left
             by_id[rid] = item
-            task = tasks.get(item)
-            if task is None:
-                task = tasks[item] = DecodeTask(rid, tpot, due, item.out_left, best_effort)
-            else:  # the same request's task from the last step, brought up to date (form_batch only reads it)
-                task.next_due_s = due
-                task.tokens_left = item.out_left
             decodes.append(task)
             if not best_effort:
                 tpots.add(tpot)
@@ -163,6 +166,49 @@ class SlosServeStepPlanner:
         plan.prefill = admitted
         return plan
 
+    def plain_decode_check(self, replica: Any) -> Callable[[float], bool] | None:
+        """The replica's stretch hook (PlainDecodePlanner, core/step_planner_api.py). With nothing prefilling,
+        nothing to admit and no speculation, `plan` gives every decoding request one token whenever they all
+        fit in the batch's token budget (form_batch hands out the budget a token per decode until it runs
+        out, whatever their due times), and nothing else. Nothing is admitted while nothing is queued, or
+        while every sequence slot is taken and either no best-effort request holds one or only best-effort
+        requests are queued (`_admissions` stops at once: no slot, and nobody to preempt for one or nobody
+        who may preempt). The budget depends only on the tiers decoding, the
+        sequences held and the KV in use, so `fits` asks the same BudgetModel `plan` would for a given KV."""
+        settings = self.settings
+        if (settings.max_spec_len > 0 and settings.acceptance > 0.0) or replica.prefilling:
+            return None  # speculation (drafts, acceptance draws) or prefill chunks
+        best_effort = self._best_effort
+        if replica.waiting and (
+            replica.max_seqs > replica.running
+            or (any(map(best_effort, replica.decoding)) and not all(map(best_effort, replica.waiting)))
+        ):
+            return None  # a queued request may be admitted, or a best-effort one preempted for an SLO one
+        deadlines = self._deadlines
+        tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
+        tiers = tier_list(tpots) if tpots else [1.0]
+        tier_of = {t: i for i, t in enumerate(tiers)}
+        mask = 0
+        for tpot in tpots:
+            mask |= 1 << tier_of[tpot]
+        decodes = len(replica.decoding)
+        sequences = replica.running
+
+        def fits(kv_used: float) -> bool:
+            budget = BudgetModel(
+                self.model,
+                tiers,
+                max_batch_tokens=settings.max_batch_tokens,
+                context_tokens=kv_used,
+                sequences=sequences,
+                max_spec_len=settings.max_spec_len,
+                acceptance=settings.acceptance,
+                knee_efficiency=settings.knee_efficiency,
+            )
+            return budget.holds_decodes(mask, decodes) or decodes <= int(budget.plan(mask).batch_tokens)
+
+        return fits
+
     def _admissions(self, replica: Any) -> tuple[list[Any], list[Any]]:
         """Which queued requests may be admitted this step, SLO requests before best-effort ones, and which
         best-effort requests to preempt (newest first) so that a queued SLO request gets the KV memory or
@@ -204,6 +250,8 @@ class SlosServeStepPlanner:
         return bool(item.req.tier == TIER_BEST_EFFORT)
 
     def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
+        if verified == 1:  # no draft to verify: draw_accepted's answer, without a call (every plain decode)
+            return 1
         return draw_accepted(rng, request.acceptance, verified - 1)
 
     def sync(self, virtual: VirtualReplica) -> None:
