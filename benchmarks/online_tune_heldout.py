@@ -19,22 +19,14 @@ import json
 import time
 from pathlib import Path
 
-from core.profile import load_calibration, load_profile
+from online_tune_sim import DURATION_S, QUEUE, START_CAP, benchmark_profile
+
+from core.profile import load_calibration
 from core.tune.online import OnlineSettings, OnlineTuner
 from core.tune.online_sim import goodput_between, run_online, run_static
 
-RATE_RPS, QUEUE, START_CAP, DURATION_S = 3.0, 16, 8, 20000.0
 GRID = range(8, 65, 8)
 WITHIN = 0.9  # the bar: within 10% of the best static cap's goodput
-
-
-def _profile():  # type: ignore[no-untyped-def]
-    base = load_profile("saber-w1")
-    workload = base.workload.model_copy(
-        update={"arrival": base.workload.arrival.model_copy(update={"rate_rps": RATE_RPS})}
-    )
-    tuner = base.tuner.model_copy(update={"concurrency_bounds": (4, 64), "concurrency_step": 8})
-    return base.model_copy(update={"workload": workload, "tuner": tuner})
 
 
 def _setting(text: str) -> tuple[str, object]:
@@ -60,7 +52,7 @@ def main() -> None:
     parser.add_argument("--caps", type=int, nargs="+", default=list(GRID), help="the static grid (default 8..64)")
     parser.add_argument("--set", nargs="*", default=[], type=_setting, help="OnlineSettings overrides, key=json")
     args = parser.parse_args()
-    profile = _profile()
+    profile = benchmark_profile()
     calibration = load_calibration(profile)
     settings = OnlineSettings(**dict(args.set))
     half = (DURATION_S / 2, DURATION_S)

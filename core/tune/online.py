@@ -95,11 +95,6 @@ class OnlineSettings:
     # (incumbent, trial) window pairs a comparison may take while it stays inside the noise: 8 pairs of 200
     # requests measure each point on 1600, the length the doubled windows reached on saber-w1 (docs/gateway.md)
     max_pairs: int = 8
-    # A move before the last pair needs a gain beyond z x sqrt(max_pairs / pairs) standard errors (O'Brien and
-    # Fleming's group-sequential boundary, Biometrics 35(3), 1979): a false move costs an excursion to a worse
-    # point and the climb back, and with z = 1 at every look the first pair of short windows made them (docs/
-    # gateway.md). A rollback needs z at every look: a false one costs only a later retry. False: z for both.
-    obrien_fleming: bool = True
 
     def __post_init__(self) -> None:
         if self.window_requests < self.batches * 2:
@@ -364,13 +359,12 @@ class OnlineTuner:
         noise = self.settings.z * math.hypot(inc_se, trial_se)
         gain = trial_score - inc_score if math.isfinite(trial_score) and math.isfinite(inc_score) else math.nan
         pairs = len(self._trial_windows)
-        to_move = noise * math.sqrt(self.settings.max_pairs / pairs) if self.settings.obrien_fleming else noise
-        if math.isfinite(gain) and -noise <= gain <= to_move and pairs < self.settings.max_pairs:
+        if math.isfinite(gain) and abs(gain) <= noise and pairs < self.settings.max_pairs:
             # Inside the noise: measure both again (incumbent, then trial) and decide on the pooled windows.
             self.current = self.incumbent
             return
         inc_p99 = float(np.mean([w.segment.p99_s for w in self._incumbent_windows]))
-        moved, reason = move_decision(inc_score, trial_score, inc_p99, self.slo_s, max(self.spec.min_gain, to_move))
+        moved, reason = move_decision(inc_score, trial_score, inc_p99, self.slo_s, max(self.spec.min_gain, noise))
         if math.isfinite(gain) and abs(gain) <= noise:
             # Still inside the noise after max_pairs: nothing shows the trial is better, so the incumbent stays
             # (and, under the old rule, the windows double).
