@@ -249,3 +249,30 @@ def test_a_close_comparison_takes_more_pairs_not_longer_windows_so_a_plainly_wor
         assert tuner.window_requests == SMALL.window_requests
         assert tuner.incumbent.concurrency in (8, 12)
         assert at_4 <= 0.08 * seconds / 2, (seed, at_4)
+
+
+def test_a_noise_that_cannot_be_measured_doubles_the_windows_instead_of_taking_more_pairs() -> None:
+    # Every 4 s, 6 requests in a row are rejected: in a 40-request window some slice of 5 (batch means, 8 per
+    # window) has no request completed, so the window's noise is unbounded and more such pairs cannot bound it.
+    # The comparison is rolled back at once and the windows double; at 80 requests (slices of 10) every slice
+    # has completions, and the climb moves to the better cap. With pairs of 40-request windows alone it never
+    # moves (the lengths are all alike here, so the control variate cannot take over either).
+    profile = _profile(concurrency_bounds=(4, 12), concurrency_step=4)
+    tuner = OnlineTuner(online_space(profile), OnlinePoint(4, 64, 0, False), profile, SMALL)
+    tuner.begin(0.0)
+    next_id = 0
+    for t in range(1, 601):
+        for k in range(10):
+            rejected = t % 4 == 0 and k < 6
+            e2e = {4: 30.0, 8: 2.0, 12: 30.0}[tuner.current.concurrency]
+            spec = RequestSpec(next_id, 100, 100, slo=RequestSLO(e2e_s=12))
+            end = t + k / 10
+            status = Status.REJECTED if rejected else Status.OK
+            tuner.observe(
+                RequestRecord.from_spec(spec, arrival_s=end - e2e, status=status, end_s=end, output_tokens=100)
+            )
+            next_id += 1
+        tuner.poll(float(t + 1))
+    assert math.isinf(tuner.windows[0].score_se)
+    assert tuner.window_requests == 2 * SMALL.window_requests
+    assert tuner.incumbent.concurrency == 8, [(s.point.concurrency, s.reason) for s in tuner.steps]

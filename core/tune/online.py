@@ -24,6 +24,8 @@ move rule (`move_decision`) decides, with the gain it needs raised to the noise 
   back (nothing showed it is better). Lengthening the windows instead (doubling them after 3 pairs, the rule
   until 2026-11-26; `max_window_requests`) made every later trial as long, a trial of a neighbour that is
   plainly worse included, and restarted the control variate's fit at each new length (docs/gateway.md).
+  Only a noise that could not be measured at all (a slice of a window with no request completed) lengthens
+  them: the comparison is rolled back at once and the windows double, since more such pairs cannot bound it.
 When every neighbour of the incumbent has measured worse beyond the noise in turn, the incumbent is held
 for `hold_windows` windows (doubling with each such round in a row) before the next round: the load may
 change. A round that left some neighbour inside the noise decided nothing, so the next round starts at once:
@@ -74,6 +76,9 @@ MAX_HOLD_DOUBLINGS = 3  # the hold after quiet rounds grows to at most 8 x hold_
 # The control variate's fit needs this many degrees of freedom (windows of one length, less the points they
 # measured, less the slope) before it replaces batch means: a slope and a spread from fewer would be noise.
 CONTROL_MIN_DOF = 8
+# Windows whose noise could not be measured double up to this many times their length (16: 200 -> 3200
+# requests, the bound the doubling had when every comparison left inside the noise doubled them).
+UNMEASURED_WINDOW_GROWTH = 16
 SCORE_QUANTILE = 99  # eq. 3's percentile: the control is the same percentile of the window's output tokens
 
 
@@ -359,7 +364,7 @@ class OnlineTuner:
         noise = self.settings.z * math.hypot(inc_se, trial_se)
         gain = trial_score - inc_score if math.isfinite(trial_score) and math.isfinite(inc_score) else math.nan
         pairs = len(self._trial_windows)
-        if math.isfinite(gain) and abs(gain) <= noise and pairs < self.settings.max_pairs:
+        if math.isfinite(gain) and abs(gain) <= noise < math.inf and pairs < self.settings.max_pairs:
             # Inside the noise: measure both again (incumbent, then trial) and decide on the pooled windows.
             self.current = self.incumbent
             return
@@ -367,11 +372,16 @@ class OnlineTuner:
         moved, reason = move_decision(inc_score, trial_score, inc_p99, self.slo_s, max(self.spec.min_gain, noise))
         if math.isfinite(gain) and abs(gain) <= noise:
             # Still inside the noise after max_pairs: nothing shows the trial is better, so the incumbent stays
-            # (and, under the old rule, the windows double).
+            # (and, under the old rule, the windows double). An unbounded noise (a slice of a window with no
+            # request completed: its score cannot be measured) is decided at once: more pairs of such windows
+            # cannot bound it, longer ones can, so the windows double.
             moved = False
             reason = f"rolled back: {gain:+.3f} is inside the noise {noise:.3f} after {pairs} pairs of windows"
-            if self.settings.max_window_requests is not None:
-                self.window_requests = min(self.settings.max_window_requests, self.window_requests * 2)
+            limit = self.settings.max_window_requests
+            if limit is None and not math.isfinite(noise):
+                limit = UNMEASURED_WINDOW_GROWTH * self.settings.window_requests
+            if limit is not None:
+                self.window_requests = min(limit, self.window_requests * 2)
             self._round_undecided = True
         elif not moved and math.isfinite(gain) and gain < -noise:
             reason = f"rolled back: {gain:.3f} below the incumbent, beyond the noise {noise:.3f}"
