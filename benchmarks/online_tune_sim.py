@@ -15,12 +15,22 @@ from __future__ import annotations
 import argparse
 import time
 
-from core.profile import load_calibration, load_profile
+from core.profile import Profile, load_calibration, load_profile
 from core.tune.online import OnlineSettings
 from core.tune.online_sim import goodput_between, run_online, run_static
 
 RATE_RPS, QUEUE, START_CAP, DURATION_S = 3.0, 16, 8, 20000.0
 FINAL_SHARES = (0.5, 0.25)  # goodput over the last half and the last quarter of the run
+
+
+def benchmark_profile() -> Profile:
+    """saber-w1 at RATE_RPS, its cap over 4..64 in steps of 8."""
+    base = load_profile("saber-w1")
+    workload = base.workload.model_copy(
+        update={"arrival": base.workload.arrival.model_copy(update={"rate_rps": RATE_RPS})}
+    )
+    tuner = base.tuner.model_copy(update={"concurrency_bounds": (4, 64), "concurrency_step": 8})
+    return base.model_copy(update={"workload": workload, "tuner": tuner})
 
 
 def main() -> None:
@@ -30,12 +40,7 @@ def main() -> None:
     parser.add_argument("--grid-step", type=int, default=8, help="static caps 8, 8 + step, ... 64")
     parser.add_argument("--modes", nargs="+", default=None, help="modes the online tuner may switch among")
     args = parser.parse_args()
-    base = load_profile("saber-w1")
-    workload = base.workload.model_copy(
-        update={"arrival": base.workload.arrival.model_copy(update={"rate_rps": RATE_RPS})}
-    )
-    tuner = base.tuner.model_copy(update={"concurrency_bounds": (4, 64), "concurrency_step": 8})
-    profile = base.model_copy(update={"workload": workload, "tuner": tuner})
+    profile = benchmark_profile()
     calibration = load_calibration(profile)
     spans = [(DURATION_S * (1 - share), DURATION_S) for share in FINAL_SHARES]
     print("seed  share  best static (cap: goodput)  z  online goodput  ratio  final cap  windows  steps  cpu_s  final")

@@ -225,3 +225,54 @@ def test_the_control_variate_takes_out_the_noise_of_which_long_requests_a_window
         (s.point.concurrency, s.reason) for s in late
     ]
     assert tuner.window_requests == SMALL.window_requests and controlled
+
+
+def test_a_close_comparison_takes_more_pairs_not_longer_windows_so_a_plainly_worse_neighbour_stays_cheap() -> None:
+    # 8 and 12 tie (the same time per token) and 4 is twice as slow: the comparison of 8 with 12 stays inside the
+    # noise, and 4 is measured worse in a pair or two every round. Under the rule before the sequential comparison
+    # (3 pairs, then the windows doubled) each tie doubled the windows, so every later trial of 4 lasted as long:
+    # 9-23% of the second half at 4 on 7 of these 8 seeds. Sequential, the windows keep their length and the
+    # trials of 4 take at most 7% of it on every seed (docs/gateway.md, "A sequential comparison").
+    profile = _profile(concurrency_bounds=(4, 12), concurrency_step=4)
+    seconds = 3000
+    for seed in range(8):
+        tuner = OnlineTuner(online_space(profile), OnlinePoint(8, 64, 0, False), profile, SMALL)
+        tuner.begin(0.0)
+        _drive_lengths(tuner, {4: 0.06, 8: 0.027, 12: 0.027}, seconds=seconds, seed=seed)
+        w = tuner.windows
+        # a window's point was in force from the previous window's end (its settle included) to its own end
+        at_4 = sum(
+            w[i].end_s - w[i - 1].end_s
+            for i in range(1, len(w))
+            if w[i].point.concurrency == 4 and w[i - 1].end_s >= seconds / 2
+        )
+        assert tuner.window_requests == SMALL.window_requests
+        assert tuner.incumbent.concurrency in (8, 12)
+        assert at_4 <= 0.08 * seconds / 2, (seed, at_4)
+
+
+def test_a_noise_that_cannot_be_measured_doubles_the_windows_instead_of_taking_more_pairs() -> None:
+    # Every 4 s, 6 requests in a row are rejected: in a 40-request window some slice of 5 (batch means, 8 per
+    # window) has no request completed, so the window's noise is unbounded and more such pairs cannot bound it.
+    # The comparison is rolled back at once and the windows double; at 80 requests (slices of 10) every slice
+    # has completions, and the climb moves to the better cap. With pairs of 40-request windows alone it never
+    # moves (the lengths are all alike here, so the control variate cannot take over either).
+    profile = _profile(concurrency_bounds=(4, 12), concurrency_step=4)
+    tuner = OnlineTuner(online_space(profile), OnlinePoint(4, 64, 0, False), profile, SMALL)
+    tuner.begin(0.0)
+    next_id = 0
+    for t in range(1, 601):
+        for k in range(10):
+            rejected = t % 4 == 0 and k < 6
+            e2e = {4: 30.0, 8: 2.0, 12: 30.0}[tuner.current.concurrency]
+            spec = RequestSpec(next_id, 100, 100, slo=RequestSLO(e2e_s=12))
+            end = t + k / 10
+            status = Status.REJECTED if rejected else Status.OK
+            tuner.observe(
+                RequestRecord.from_spec(spec, arrival_s=end - e2e, status=status, end_s=end, output_tokens=100)
+            )
+            next_id += 1
+        tuner.poll(float(t + 1))
+    assert math.isinf(tuner.windows[0].score_se)
+    assert tuner.window_requests == 2 * SMALL.window_requests
+    assert tuner.incumbent.concurrency == 8, [(s.point.concurrency, s.reason) for s in tuner.steps]

@@ -18,13 +18,18 @@ load). After a trial window, Algorithm 1's
 move rule (`move_decision`) decides, with the gain it needs raised to the noise the windows measured:
 - a trial that scores higher beyond the noise becomes the incumbent, and the climb goes on from it;
 - one that scores lower beyond the noise is rolled back at once;
-- one inside the noise is measured again, incumbent then trial, up to `max_pairs` pairs pooled; still
-  inside the noise, it is rolled back (nothing showed it is better) and the windows double, up to
-  `max_window_requests`: they were too short for the differences this surface has.
+- one inside the noise is measured again, incumbent then trial, and decided on the pooled pairs as soon as
+  their difference leaves the noise (a sequential comparison: the windows keep their length, and a close
+  comparison takes more of them, up to `max_pairs` pairs); still inside the noise after that, it is rolled
+  back (nothing showed it is better). Lengthening the windows instead (doubling them after 3 pairs, the rule
+  until 2026-11-26; `max_window_requests`) made every later trial as long, a trial of a neighbour that is
+  plainly worse included, and restarted the control variate's fit at each new length (docs/gateway.md).
+  Only a noise that could not be measured at all (a slice of a window with no request completed) lengthens
+  them: the comparison is rolled back at once and the windows double, since more such pairs cannot bound it.
 When every neighbour of the incumbent has measured worse beyond the noise in turn, the incumbent is held
 for `hold_windows` windows (doubling with each such round in a row) before the next round: the load may
-change. A round that left some neighbour inside the noise decided nothing, so the next round starts at once
-(with the doubled windows): holding then kept the climb below the plateau for thousands of seconds on
+change. A round that left some neighbour inside the noise decided nothing, so the next round starts at once:
+holding then kept the climb below the plateau for thousands of seconds on
 saber-w1 (docs/gateway.md). The incumbent is always known (`incumbent`).
 
 Noise. Two points differ beyond the noise when their (pooled) scores differ by more than `z` standard errors
@@ -71,6 +76,9 @@ MAX_HOLD_DOUBLINGS = 3  # the hold after quiet rounds grows to at most 8 x hold_
 # The control variate's fit needs this many degrees of freedom (windows of one length, less the points they
 # measured, less the slope) before it replaces batch means: a slope and a spread from fewer would be noise.
 CONTROL_MIN_DOF = 8
+# Windows whose noise could not be measured double up to this many times their length (16: 200 -> 3200
+# requests, the bound the doubling had when every comparison left inside the noise doubled them).
+UNMEASURED_WINDOW_GROWTH = 16
 SCORE_QUANTILE = 99  # eq. 3's percentile: the control is the same percentile of the window's output tokens
 
 
@@ -80,20 +88,26 @@ class OnlineSettings:
 
     window_requests: int = 200  # a window ends once this many requests ended in it ...
     window_s: float = 60.0  # ... and it lasted this long (tuner clock seconds)
-    max_window_requests: int = 3200  # a comparison left inside the noise doubles the window, up to this
+    # None: windows keep their length. A number: a comparison still inside the noise after `max_pairs` pairs
+    # doubles the windows, up to this (the rule until 2026-11-26, with max_pairs 3: 3200).
+    max_window_requests: int | None = None
     batches: int = 8  # batch means per window, for the standard error of its score
     # A difference counts beyond the noise when it exceeds z standard errors of the difference. One: on
     # saber-w1 the p99 term of eq. 3 is so noisy that z = 2 left the climb at cap 24 of 64 after 20000 s
     # (docs/gateway.md, "online tuning"); a false step is cheap online, it is measured again and rolled back.
     z: float = 1.0
     hold_windows: int = 3  # windows at the incumbent after a round in which no neighbour won
-    max_pairs: int = 3  # (incumbent, trial) window pairs a comparison may take while it stays inside the noise
+    # (incumbent, trial) window pairs a comparison may take while it stays inside the noise: 8 pairs of 200
+    # requests measure each point on 1600, the length the doubled windows reached on saber-w1 (docs/gateway.md)
+    max_pairs: int = 8
 
     def __post_init__(self) -> None:
         if self.window_requests < self.batches * 2:
             raise ValueError(f"window_requests must be at least {self.batches * 2} (two per batch)")
         if self.batches < 2:
             raise ValueError("batches must be at least 2 (a standard error needs two)")
+        if self.max_window_requests is not None and self.max_window_requests < self.window_requests:
+            raise ValueError("max_window_requests must be at least window_requests")
 
 
 @dataclass(slots=True)
@@ -350,18 +364,24 @@ class OnlineTuner:
         noise = self.settings.z * math.hypot(inc_se, trial_se)
         gain = trial_score - inc_score if math.isfinite(trial_score) and math.isfinite(inc_score) else math.nan
         pairs = len(self._trial_windows)
-        if math.isfinite(gain) and abs(gain) <= noise and pairs < self.settings.max_pairs:
+        if math.isfinite(gain) and abs(gain) <= noise < math.inf and pairs < self.settings.max_pairs:
             # Inside the noise: measure both again (incumbent, then trial) and decide on the pooled windows.
             self.current = self.incumbent
             return
         inc_p99 = float(np.mean([w.segment.p99_s for w in self._incumbent_windows]))
         moved, reason = move_decision(inc_score, trial_score, inc_p99, self.slo_s, max(self.spec.min_gain, noise))
         if math.isfinite(gain) and abs(gain) <= noise:
-            # Still inside the noise after max_pairs: nothing shows the trial is better, so the incumbent stays,
-            # and the windows double: they were too short for the differences this surface has.
+            # Still inside the noise after max_pairs: nothing shows the trial is better, so the incumbent stays
+            # (and, under the old rule, the windows double). An unbounded noise (a slice of a window with no
+            # request completed: its score cannot be measured) is decided at once: more pairs of such windows
+            # cannot bound it, longer ones can, so the windows double.
             moved = False
             reason = f"rolled back: {gain:+.3f} is inside the noise {noise:.3f} after {pairs} pairs of windows"
-            self.window_requests = min(self.settings.max_window_requests, self.window_requests * 2)
+            limit = self.settings.max_window_requests
+            if limit is None and not math.isfinite(noise):
+                limit = UNMEASURED_WINDOW_GROWTH * self.settings.window_requests
+            if limit is not None:
+                self.window_requests = min(limit, self.window_requests * 2)
             self._round_undecided = True
         elif not moved and math.isfinite(gain) and gain < -noise:
             reason = f"rolled back: {gain:.3f} below the incumbent, beyond the noise {noise:.3f}"
@@ -395,7 +415,7 @@ class OnlineTuner:
             self.current = self.incumbent  # the rollback: the next window re-measures the incumbent
             if not self._pending and self._round_undecided:
                 # A round that left some neighbour inside the noise decided nothing: no hold, the next round
-                # measures again at once, with the windows it doubled.
+                # measures again at once.
                 self._round_undecided = False
             elif not self._pending:
                 # A round in which every neighbour measured worse beyond the noise: hold the incumbent, longer
