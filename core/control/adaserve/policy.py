@@ -87,6 +87,8 @@ class TreePlanner:
         self._steps = StepLengths()  # the replica's step lengths, for _slo_at_stake
         self._deadlines: dict[StepRequest, float] = {}  # _deadline of each decoding request, once
         self._last_plan_s = 0.0  # when the planner last planned a step
+        self._stake_start = 0  # _slo_at_stake's first position to check: where it last found a request at stake
+        self._no_prefill: PrefillLoad | None = None  # _prefill_load's answer with nothing queued or prefilling
 
     def plan(self, replica: StepReplicaView, now: float) -> BatchPlan:
         decoding = replica.decoding
@@ -103,23 +105,23 @@ class TreePlanner:
                     prefill = self._prefill_load(replica)
                 if not at_stake and not prefill.held_back:
                     return self._plain_decode(replica, batch)
-        full = self.scheduler.full_tree(len(decoding), replica.kv_used, prefill) if decoding and self.shortcut else None
-        if full is not None:
-            verified = self._plan_full_trees(decoding, full, batch)
-        elif decoding:
+        if decoding:
             n = len(decoding)
-            budget, spec_steps = self.scheduler.planned(n, replica.kv_used, prefill)
-            if budget <= n:
+            budget, spec_steps, full = self.scheduler.layout(n, replica.kv_used, prefill)
+            if full is not None and self.shortcut:
+                verified = self._plan_full_trees(decoding, full, batch)
+            elif budget <= n:
                 return self._roots_only(replica, batch)
-            decision = self.scheduler.step(self._decode_batch(replica, now, prefill, budget, spec_steps))
-            counts = decision.verified.tolist()
-            emitted = decision.emitted.tolist()
-            batch.decode = list(zip(decoding, counts, strict=True))
-            verified = sum(counts)
-            # A step that drafts nothing runs no draft passes.
-            batch.spec_steps = decision.spec_steps if verified > len(decoding) else 0
-            self._emitted = dict(zip(decoding, emitted, strict=True))
-            self.scheduler.record(len(decoding), verified, sum(emitted))
+            else:
+                decision = self.scheduler.step(self._decode_batch(replica, now, prefill, budget, spec_steps))
+                counts = decision.verified.tolist()
+                emitted = decision.emitted.tolist()
+                batch.decode = list(zip(decoding, counts, strict=True))
+                verified = sum(counts)
+                # A step that drafts nothing runs no draft passes.
+                batch.spec_steps = decision.spec_steps if verified > n else 0
+                self._emitted = dict(zip(decoding, emitted, strict=True))
+                self.scheduler.record(n, verified, sum(emitted))
         plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
         return batch
 
@@ -159,13 +161,19 @@ class TreePlanner:
         sums = self._steps.sums
         seen = len(sums) - 1
         busy = sums[-1]
-        for item in decoding:
+        # The answer is whether any request is at stake, so the order of the checks does not change it: start
+        # at the position of the request found at stake last step (it usually still is, and the scan ends there).
+        start = self._stake_start
+        if start >= len(decoding):
+            start = 0
+        for position, item in enumerate(decoding[start:] + decoding[:start] if start else decoding, start):
             deadline = deadlines.get(item)
             if deadline is None:
                 deadline = deadlines[item] = self._deadline(item)
             left = item.out_left
             k = left if left < seen else seen  # StepLengths.mean_of_last(left), inline (once per request per step)
             if now + (left - 1) * (busy - sums[-1 - k]) / k + spike_s > deadline:
+                self._stake_start = position % len(decoding)
                 return True
         return False
 
@@ -257,24 +265,26 @@ class TreePlanner:
                 run = track.run
                 run.next += 1
             step = run.next - 1
-            # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it
-            # (o = item.generated, from the output length the track keeps).
-            need = (now - track.first_token_s + step_s) / track.tpot_s - (track.output_tokens - item.out_left)
-            if need > 0.0:
-                behind = True
-            needs.append(need)
+            if track.tpot_s < math.inf:
+                # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it
+                # (o = item.generated, from the output length the track keeps).
+                need = (now - track.first_token_s + step_s) / track.tpot_s - (track.output_tokens - item.out_left)
+                if need > 0.0:
+                    behind = True
+                needs.append(need)
+            else:  # no TPOT SLO: x / inf - o is never above 0, and select() reads a need only through need > 0
+                needs.append(0.0)
             truths.append(run.truth_list[step])
             estimates.append(run.estimate_list[step])
             uniforms.append(run.uniform_list[step])
-        # The draft's estimates then the true rates (the step prices both in one pass), the uniforms and the
-        # needs: one array, the batch's columns views of it.
+        # The draft's estimates then the true rates (the step prices both in one pass), then the uniforms: one
+        # array, the batch's columns views of it. The needs only when the SLO-customized phase runs.
         estimates += truths
         estimates += uniforms
-        estimates += needs
         columns = np.array(estimates)
         paired = columns[: 2 * n]
         return DecodeBatch(
-            budget, columns[3 * n :], paired[n:], paired[:n], columns[2 * n : 3 * n], paired, behind=behind
+            budget, np.array(needs) if behind else None, paired[n:], paired[:n], columns[2 * n :], paired, behind=behind
         )
 
     def _track(self, item: StepRequest) -> _Tracked:
@@ -282,11 +292,15 @@ class TreePlanner:
         run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
         return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run, item.spec.output_tokens)
 
-    @staticmethod
-    def _prefill_load(replica: StepReplicaView) -> PrefillLoad:
+    def _prefill_load(self, replica: StepReplicaView) -> PrefillLoad:
         """The prefill vLLM would put beside this step's decodes at one token each (plan_fcfs_prefill), less the
         queued requests the KV cache cannot hold yet (the replica admits in order and stops at the first that
         does not fit: core/sim/stepwise.py)."""
+        if not replica.waiting and not replica.prefilling:  # nothing to prefill (most steps): kept, not rebuilt
+            empty = self._no_prefill
+            if empty is None or empty.token_budget != replica.token_budget:
+                empty = self._no_prefill = PrefillLoad(0, 0, replica.token_budget, False)
+            return empty
         scratch = BatchPlan()
         plan_fcfs_prefill(replica, scratch, replica.token_budget - len(replica.decoding))
         tokens = sequences = admitted = 0

@@ -76,7 +76,9 @@ class DecodeBatch:
     """The decoding requests of one step, as arrays (one entry per request)."""
 
     budget: int  # B: tokens this step verifies, roots included
-    need: np.ndarray  # A(r) - 1: draft tokens to accept this step to be on the TPOT SLO after it (sec. 3)
+    # A(r) - 1: draft tokens to accept this step to be on the TPOT SLO after it (sec. 3); None with `behind`
+    # False (the SLO phase does not run, so the caller need not build it).
+    need: np.ndarray | None
     truth: np.ndarray  # this step's true local acceptance a (speculation.py)
     estimate: np.ndarray  # the draft's estimate â of it
     uniforms: np.ndarray  # one U(0, 1) per request: draws the accepted depth
@@ -86,7 +88,7 @@ class DecodeBatch:
     behind: bool = True  # whether some need may be > 0 (False: the caller checked none is; no SLO phase)
 
     def __len__(self) -> int:
-        return len(self.need)
+        return len(self.uniforms)
 
 
 @dataclass(slots=True)
@@ -210,19 +212,15 @@ class TreeScheduler:
             )
         return known
 
-    def planned(self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL) -> tuple[int, int]:
-        """(tokens verified, draft passes) of the coming step; the planner prices it for A(r)'s t_spec."""
-        budget = self.budget(active, context_tokens, prefill)
-        return budget, self.shape(active, budget)[0]
-
-    def full_tree(
+    def layout(
         self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL
-    ) -> tuple[int, int] | None:
-        """(d, w) when this step's budget holds every candidate of every request (then the selection is all
-        of them, whatever the SLOs and estimates), else None."""
+    ) -> tuple[int, int, tuple[int, int] | None]:
+        """The coming step's (tokens verified, draft passes, full tree): B and d, which the planner prices for
+        A(r)'s t_spec, and (d, w) when B holds every candidate of every request (then the selection is all of
+        them, whatever the SLOs and estimates), else None. One call a step (B and the shape asked once)."""
         budget = self.budget(active, context_tokens, prefill)
         depth, width = self.shape(active, budget)
-        return (depth, width) if budget - active >= active * depth * width else None
+        return budget, depth, (depth, width) if budget - active >= active * depth * width else None
 
     def step(self, batch: DecodeBatch) -> StepDecision:
         n = len(batch)
@@ -249,6 +247,7 @@ class TreeScheduler:
                 selected = most_probable(both[:n], batch.budget - n)
                 accepted = accepted_depths(shape, selected, both[n:], batch.uniforms)
                 return StepDecision(verified=selected_counts(selected) + 1, emitted=accepted + 1, spec_steps=depth)
+            assert batch.need is not None  # (behind: the caller built it)
             selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
             accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
         self.slo_served += selection.behind
@@ -299,14 +298,12 @@ class StaticScheduler:
 
     must_pay = False  # vLLM-Spec(k) drafts every step, its verified tokens taking max_num_batched_tokens as vLLM's
 
-    def planned(self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL) -> tuple[int, int]:
-        return active * (self.width + 1), self.width
-
-    def full_tree(
+    def layout(
         self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL
-    ) -> tuple[int, int] | None:
-        """A k-chain is the whole candidate tree of a depth-k, width-1 beam search."""
-        return (self.width, 1) if self.width > 0 else None
+    ) -> tuple[int, int, tuple[int, int] | None]:
+        """TreeScheduler.layout's answer for a k-chain: the whole candidate tree of a depth-k, width-1 beam
+        search, verified by everyone."""
+        return active * (self.width + 1), self.width, (self.width, 1) if self.width > 0 else None
 
     def record(self, active: int, verified: int, emitted: int) -> None:
         return None
