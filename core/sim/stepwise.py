@@ -118,8 +118,9 @@ class StepwiseReplica(EngineReplica):
         accepted = self.planner.accepted
         rng = self.rng
         grown = 0
-        for item, verified in decode:
-            emitted = min(item.out_left, accepted(item, verified, rng))
+        drawn = batch.emitted or [accepted(item, verified, rng) for item, verified in decode]
+        for (item, _), tokens in zip(decode, drawn, strict=True):
+            emitted = min(item.out_left, tokens)
             # _emit_tokens, inline (the per-request hot loop of every planner-driven step)
             item.out_left -= emitted
             item.run_tokens += emitted

@@ -43,12 +43,18 @@ NO_TPOT_PRIORITY = 1_000_000  # vLLM priority of a request without a TPOT SLO: a
 
 @dataclass(slots=True)
 class _Tracked:
-    """What the planner keeps of one decoding request: its SLO and its randomness ahead."""
+    """What the planner keeps of one decoding request (on its StepRequest.planned): its SLOs and its randomness
+    ahead."""
 
+    deadline: float  # TreePlanner._deadline
     tpot_s: float  # inf: no TPOT SLO
     first_token_s: float
-    run: AcceptanceRun
     output_tokens: int  # the request's output length (its spec's, fixed)
+    run: AcceptanceRun  # NOTHING_DRAWN until its first speculating step
+
+
+# A run with no step left: a request's randomness is drawn at its first speculating step, not before.
+NOTHING_DRAWN = AcceptanceRun(np.empty(0), np.empty(0), np.empty(0), 0)
 
 
 class StepLengths:
@@ -82,10 +88,8 @@ class TreePlanner:
         self.spec = spec
         # Serve steps whose budget holds every candidate without the selection (same outcome, faster).
         self.shortcut = shortcut
-        self._tracked: dict[StepRequest, _Tracked] = {}
-        self._emitted: dict[StepRequest, int] = {}
+        self._last_plan = BatchPlan()
         self._steps = StepLengths()  # the replica's step lengths, for _slo_at_stake
-        self._deadlines: dict[StepRequest, float] = {}  # _deadline of each decoding request, once
         self._last_plan_s = 0.0  # when the planner last planned a step
         self._stake_start = 0  # _slo_at_stake's first position to check: where it last found a request at stake
         self._no_prefill: PrefillLoad | None = None  # _prefill_load's answer with nothing queued or prefilling
@@ -120,18 +124,20 @@ class TreePlanner:
                 verified = sum(counts)
                 # A step that drafts nothing runs no draft passes.
                 batch.spec_steps = decision.spec_steps if verified > n else 0
-                self._emitted = dict(zip(decoding, emitted, strict=True))
+                batch.emitted = emitted
                 self.scheduler.record(n, verified, sum(emitted))
         plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
+        self._last_plan = batch
         return batch
 
     def _plain_decode(self, replica: StepReplicaView, batch: BatchPlan) -> BatchPlan:
         """vLLM's step without speculation: one token per decoding request, no draft pass, prefill after."""
         decoding = replica.decoding
         batch.decode = [(item, 1) for item in decoding]
-        self._emitted = {}
+        batch.emitted = [1] * len(decoding)
         self.scheduler.record(len(decoding), len(decoding), len(decoding))
         plan_fcfs_prefill(replica, batch, replica.token_budget - len(decoding))
+        self._last_plan = batch
         return batch
 
     def _roots_only(self, replica: StepReplicaView, batch: BatchPlan) -> BatchPlan:
@@ -157,7 +163,6 @@ class TreePlanner:
         first), as core/metrics scores it; a TTFT SLO is settled before decoding starts."""
         decoding = replica.decoding
         spike_s = replica.model.step_time(replica.token_budget, replica.kv_used, 0, len(decoding) + 1)
-        deadlines = self._deadlines
         sums = self._steps.sums
         seen = len(sums) - 1
         busy = sums[-1]
@@ -167,9 +172,8 @@ class TreePlanner:
         if start >= len(decoding):
             start = 0
         for position, item in enumerate(decoding[start:] + decoding[:start] if start else decoding, start):
-            deadline = deadlines.get(item)
-            if deadline is None:
-                deadline = deadlines[item] = self._deadline(item)
+            track = item.planned
+            deadline = (track if track is not None else self._track(item)).deadline
             left = item.out_left
             k = left if left < seen else seen  # StepLengths.mean_of_last(left), inline (once per request per step)
             if now + (left - 1) * (busy - sums[-1 - k]) / k + spike_s > deadline:
@@ -191,21 +195,22 @@ class TreePlanner:
         return deadline
 
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
-        emitted = self._emitted.get(request, 1)  # never above `verified`: it is 1 + accepted draft tokens
-        if emitted >= request.out_left:  # it finishes this step
-            self._tracked.pop(request, None)
-            self._deadlines.pop(request, None)
-        return emitted
+        """What the last plan drew for `request` (1 + accepted draft tokens, never above `verified`); the
+        replica reads the same from the plan itself (BatchPlan.emitted)."""
+        plan = self._last_plan
+        for (item, _), tokens in zip(plan.decode, plan.emitted or (), strict=False):
+            if item is request:
+                return tokens
+        return 1
 
     def _plan_full_trees(self, decoding: list[StepRequest], shape: tuple[int, int], batch: BatchPlan) -> int:
         """Every request verifies its whole (d, w) candidate tree; returns the positions verified."""
         depth, width = shape
         size = depth * width
-        emitted: dict[StepRequest, int] = {}
+        emitted: list[int] = []
         total = 0
-        tracked = self._tracked
         for item in decoding:
-            track = tracked.get(item)
+            track = item.planned
             if track is None or track.run.next >= track.run.length:
                 run = self._next_run(item)
             else:  # (the common case of _next_run, inline)
@@ -214,9 +219,10 @@ class TreePlanner:
             known = run.full.get(shape)
             if known is None:
                 known = run.full_tree_accepted(depth, width, run.next - 1)
-            emitted[item] = tokens = 1 + known[run.next - 1]
+            tokens = 1 + known[run.next - 1]
+            emitted.append(tokens)
             total += tokens
-        self._emitted = emitted
+        batch.emitted = emitted
         verify = size + 1
         batch.decode = [(item, verify) for item in decoding]
         batch.spec_steps = depth
@@ -225,9 +231,9 @@ class TreePlanner:
 
     def _next_run(self, item: StepRequest) -> AcceptanceRun:
         """The request's randomness, advanced to this step (entry `next - 1` is this step's)."""
-        track = self._tracked.get(item)
+        track = item.planned
         if track is None:
-            track = self._tracked[item] = self._track(item)
+            track = self._track(item)
         run = track.run
         if run.next >= run.length:
             run = track.run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
@@ -255,12 +261,11 @@ class TreePlanner:
         truths: list[float] = []
         uniforms: list[float] = []
         behind = False
-        tracked = self._tracked
         for item in decoding:
-            track = tracked.get(item)
+            track = item.planned
             if track is None or track.run.next >= track.run.length:
                 run = self._next_run(item)
-                track = tracked[item]
+                track = item.planned
             else:  # (the common case of _next_run, inline)
                 run = track.run
                 run.next += 1
@@ -288,9 +293,18 @@ class TreePlanner:
         )
 
     def _track(self, item: StepRequest) -> _Tracked:
+        """Start keeping a decoding request (its first token has come); its randomness waits for its first
+        speculating step. Kept on the request itself, so it goes when the request does."""
         tpot = item.req.spec.slo.tpot_s
-        run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
-        return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run, item.spec.output_tokens)
+        track = _Tracked(
+            self._deadline(item),
+            math.inf if tpot is None else tpot,
+            item.chunk_times[0],
+            item.spec.output_tokens,
+            NOTHING_DRAWN,
+        )
+        item.planned = track
+        return track
 
     def _prefill_load(self, replica: StepReplicaView) -> PrefillLoad:
         """The prefill vLLM would put beside this step's decodes at one token each (plan_fcfs_prefill), less the

@@ -102,7 +102,7 @@ class StepDecision:
 class AcceptanceRun:
     """A request's per-step randomness, drawn ahead in one go (a step takes entry `next`)."""
 
-    truth: np.ndarray  # true local acceptance a per step
+    truth: np.ndarray  # true local acceptance a per step, through clip_acceptance (draw_run)
     estimate: np.ndarray  # the draft's estimate of it
     uniforms: np.ndarray  # draws the accepted depth
     length: int  # steps drawn
@@ -115,8 +115,8 @@ class AcceptanceRun:
     uniform_list: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same).
-        self.truth_list = clip_acceptance(self.truth).tolist()
+        # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same); the truth is.
+        self.truth_list = self.truth.tolist()
         self.estimate_list = clip_acceptance(self.estimate).tolist()
         self.uniform_list = self.uniforms.tolist()
 
@@ -128,7 +128,7 @@ class AcceptanceRun:
         if known is None:
             shape = candidate_shape(depth, width)
             selection = full_selection(self.length - start, shape.size)
-            probs = path_probabilities(shape, self.truth[start:])
+            probs = path_probabilities(shape, self.truth[start:], clipped=True)
             drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:]).tolist()
             known = self.full[(depth, width)] = [0] * start + drawn
         return known

@@ -123,12 +123,20 @@ def draft_estimate(
     a = true_acceptance if clipped else clip_acceptance(true_acceptance)
     if mismatch == 0.0 and overconfidence == 0.0:
         return a
-    logit = np.log(a) - np.log1p(-a)
+    # Each operation in place where it can be (once per request: the same elementwise values, fewer arrays).
+    logit = np.log(a)
+    logit -= np.log1p(-a)
     if overconfidence:  # (x + 0.0 is x: a difference of logarithms is never -0.0)
         logit += overconfidence
     if mismatch:
-        logit = logit + mismatch * rng.standard_normal(len(a))
-    return 1.0 / (1.0 + np.exp(-logit))
+        noise = rng.standard_normal(len(a))
+        noise *= mismatch
+        logit += noise
+    # 1 / (1 + exp(-logit))
+    np.negative(logit, out=logit)
+    np.exp(logit, out=logit)
+    logit += 1.0
+    return np.divide(1.0, logit, out=logit)
 
 
 @dataclass(slots=True)
