@@ -126,7 +126,8 @@ class TreePlanner:
                 batch.spec_steps = decision.spec_steps if verified > n else 0
                 batch.emitted = emitted
                 self.scheduler.record(n, verified, sum(emitted))
-        plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
+        if replica.prefilling or replica.waiting:  # (nothing to prefill otherwise)
+            plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
         self._last_plan = batch
         return batch
 
@@ -136,7 +137,8 @@ class TreePlanner:
         batch.decode = [(item, 1) for item in decoding]
         batch.emitted = [1] * len(decoding)
         self.scheduler.record(len(decoding), len(decoding), len(decoding))
-        plan_fcfs_prefill(replica, batch, replica.token_budget - len(decoding))
+        if replica.prefilling or replica.waiting:  # (nothing to prefill otherwise)
+            plan_fcfs_prefill(replica, batch, replica.token_budget - len(decoding))
         self._last_plan = batch
         return batch
 
@@ -261,6 +263,7 @@ class TreePlanner:
         truths: list[float] = []
         uniforms: list[float] = []
         behind = False
+        inf = math.inf
         for item in decoding:
             track = item.planned
             if track is None or track.run.next >= track.run.length:
@@ -270,7 +273,7 @@ class TreePlanner:
                 run = track.run
                 run.next += 1
             step = run.next - 1
-            if track.tpot_s < math.inf:
+            if track.tpot_s < inf:
                 # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it
                 # (o = item.generated, from the output length the track keeps).
                 need = (now - track.first_token_s + step_s) / track.tpot_s - (track.output_tokens - item.out_left)

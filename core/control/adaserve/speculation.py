@@ -47,7 +47,7 @@ class CandidateShape:
     parent: np.ndarray  # (N,) int
     rank: np.ndarray  # (N,) int, 1-based rank among its parent's children
     level_onehot: np.ndarray  # (N, d) float: column k-1 marks the nodes at depth k
-    exponents: np.ndarray  # (2, N) float: depth and offset, the exponents of a and 1 - a
+    exponents: tuple[np.ndarray, np.ndarray]  # (N,) float each: depth and offset, the exponents of a and 1 - a
     size: int  # N
 
 
@@ -86,7 +86,7 @@ def candidate_shape(depth: int, width: int) -> CandidateShape:
         parent=np.array(parents, dtype=np.int64),
         rank=np.array(ranks, dtype=np.int64),
         level_onehot=onehot,
-        exponents=np.array([depths, offsets], dtype=float),
+        exponents=(np.array(depths, dtype=float), np.array(offsets, dtype=float)),
         size=len(depths),
     )
 
