@@ -246,17 +246,10 @@ class TreePlanner:
         self, replica: StepReplicaView, now: float, prefill: PrefillLoad, budget: int, spec_steps: int
     ) -> DecodeBatch:
         """The decoding requests' SLO state and this step's randomness, for `scheduler.step` (`budget` and
-        `spec_steps`: scheduler.planned's)."""
+        `spec_steps`: scheduler.layout's)."""
         decoding = replica.decoding
         n = len(decoding)
-        # t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill
-        # that will share the step.
-        if self.scheduler.must_pay:
-            prompt, prompts = prefill.tokens, prefill.sequences
-        else:  # what is pending, within what the verification leaves of the budget
-            prompt = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
-            prompts = int(prompt > 0)
-        step_s = replica.model.step_time(budget + prompt, replica.kv_used, spec_steps, n + prompts)
+        step_s = -1.0  # t_spec of A(r) (_spec_step_s), asked at the first request with a TPOT SLO
         # Columns as Python lists, turned into one array (faster than an array of row tuples).
         needs: list[float] = []
         estimates: list[float] = []
@@ -274,6 +267,8 @@ class TreePlanner:
                 run.next += 1
             step = run.next - 1
             if track.tpot_s < inf:
+                if step_s < 0.0:
+                    step_s = self._spec_step_s(replica, prefill, budget, spec_steps)
                 # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it
                 # (o = item.generated, from the output length the track keeps).
                 need = (now - track.first_token_s + step_s) / track.tpot_s - (track.output_tokens - item.out_left)
@@ -294,6 +289,16 @@ class TreePlanner:
         return DecodeBatch(
             budget, np.array(needs) if behind else None, paired[n:], paired[:n], columns[2 * n :], paired, behind=behind
         )
+
+    def _spec_step_s(self, replica: StepReplicaView, prefill: PrefillLoad, budget: int, spec_steps: int) -> float:
+        """t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill
+        that will share the step."""
+        if self.scheduler.must_pay:
+            prompt, prompts = prefill.tokens, prefill.sequences
+        else:  # what is pending, within what the verification leaves of the budget
+            prompt = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
+            prompts = int(prompt > 0)
+        return replica.model.step_time(budget + prompt, replica.kv_used, spec_steps, len(replica.decoding) + prompts)
 
     def _track(self, item: StepRequest) -> _Tracked:
         """Start keeping a decoding request (its first token has come); its randomness waits for its first
