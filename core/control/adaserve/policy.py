@@ -219,7 +219,7 @@ class TreePlanner:
                 run = track.run
                 run.next += 1
             known = run.full.get(shape)
-            if known is None:
+            if known is None or len(known) < run.next:
                 known = run.full_tree_accepted(depth, width, run.next - 1)
             tokens = 1 + known[run.next - 1]
             emitted.append(tokens)

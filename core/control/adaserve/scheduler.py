@@ -121,17 +121,22 @@ class AcceptanceRun:
         self.uniform_list = self.uniforms.tolist()
 
     def full_tree_accepted(self, depth: int, width: int, start: int = 0) -> list[int]:
-        """The draws of `accepted_draft_tokens` for the full candidate tree, for steps `start` on at once (the
-        entries before `start` are 0: steps already taken are not asked again): they use the same per-step
-        truth and uniform as the general path, so the outcome is the same."""
-        known = self.full.get((depth, width))
-        if known is None:
+        """The draws of `accepted_draft_tokens` for the full candidate tree, for `FULL_TREE_STEPS` steps from
+        `start` at once (entries not asked are 0: steps already taken are not asked again): they use the same
+        per-step truth and uniform as the general path, so the outcome is the same. A request verifies its full
+        tree on a few steps only (when the batch is small), so its run is not computed to the end."""
+        known = self.full.get((depth, width), [])
+        if len(known) <= start:
+            end = min(start + FULL_TREE_STEPS, self.length)
             shape = candidate_shape(depth, width)
-            selection = full_selection(self.length - start, shape.size)
-            probs = path_probabilities(shape, self.truth[start:], clipped=True)
-            drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:]).tolist()
-            known = self.full[(depth, width)] = [0] * start + drawn
+            selection = full_selection(end - start, shape.size)
+            probs = path_probabilities(shape, self.truth[start:end], clipped=True)
+            drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:end]).tolist()
+            known = self.full[(depth, width)] = known + [0] * (start - len(known)) + drawn
         return known
+
+
+FULL_TREE_STEPS = 16  # steps of a run AcceptanceRun.full_tree_accepted draws at once
 
 
 def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSpec) -> AcceptanceRun:
