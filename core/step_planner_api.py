@@ -50,6 +50,9 @@ class StepRequest:
     run_tokens: int = 0  # tokens decoded in this run after its prefill (KV growth, not block-rounded)
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    # What the planner keeps of this request (AdaServe's SLO and randomness ahead), dropped with the request
+    # when it finishes (a planner's dict of them would have to be emptied on every completion).
+    planned: Any = None
 
     @property
     def generated(self) -> int:
@@ -73,6 +76,9 @@ class BatchPlan:
     decode: list[tuple[StepRequest, int]] = field(default_factory=list)
     preempt: list[StepRequest] = field(default_factory=list)
     spec_steps: int = 0  # the draft model's sequential passes this step (a term of the step-time model)
+    # Tokens each `decode` entry emits (1..verified), when the planner draws them with the batch (AdaServe's
+    # trees); every entry then verifies at least one position. None: the replica asks `accepted` for each.
+    emitted: list[int] | None = None
 
 
 class StepReplicaView(Protocol):

@@ -66,3 +66,42 @@ def test_drawn_acceptance_matches_the_expected_tokens_per_step() -> None:
         draws = [draw_accepted(rng, acceptance, drafted) for _ in range(20000)]
         assert max(draws) <= drafted + 1 and min(draws) >= 1
         assert np.mean(draws) == pytest.approx(expected_accepted_tokens(acceptance, drafted), rel=0.03)
+
+
+class _ThreeEach(FcfsStepPlanner):
+    """Verifies three positions per decoding request and emits all three, told either way: drawn with the
+    plan (BatchPlan.emitted, `accepted` then must not be asked) or answered by `accepted`."""
+
+    def __init__(self, with_plan: bool) -> None:
+        super().__init__(width=2)
+        self.with_plan = with_plan
+
+    def plan(self, replica, now):  # type: ignore[no-untyped-def]
+        batch = super().plan(replica, now)
+        if self.with_plan:
+            batch.emitted = [3] * len(batch.decode)
+        return batch
+
+    def accepted(self, request, verified, rng):  # type: ignore[no-untyped-def]
+        assert not self.with_plan, "the replica asked accepted() although the plan carried the emitted tokens"
+        return 3
+
+
+def test_the_plans_emitted_tokens_are_what_the_replica_emits() -> None:
+    calibration = tiny_calibration()
+
+    def run(with_plan: bool):  # type: ignore[no-untyped-def]
+        class Policy3(Policy):
+            name = "three-each"
+
+            def step_planner(self, replica_index: int) -> FcfsStepPlanner:
+                return _ThreeEach(with_plan)
+
+        specs = [RequestSpec(request_id=i, prompt_tokens=50, output_tokens=20, arrival_s=0.1 * i) for i in range(6)]
+        return SimEngine(calibration, KnobsSpec(max_num_seqs=8), LoadPlan(requests=iter(specs)), policy=Policy3()).run()
+
+    planned, asked = run(True), run(False)
+    for record in planned:
+        # The first token ends the prefill, then three a step, the last step what is left (20 = 1 + 6 * 3 + 1).
+        assert record.chunk_tokens is not None and record.chunk_tokens.tolist() == [1, 3, 3, 3, 3, 3, 3, 1]
+    assert records_digest(planned) == records_digest(asked)

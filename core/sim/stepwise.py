@@ -118,8 +118,9 @@ class StepwiseReplica(EngineReplica):
         accepted = self.planner.accepted
         rng = self.rng
         grown = 0
-        for item, verified in decode:
-            emitted = min(item.out_left, accepted(item, verified, rng))
+        drawn = batch.emitted or [accepted(item, verified, rng) for item, verified in decode]
+        for (item, _), tokens in zip(decode, drawn, strict=True):
+            emitted = min(item.out_left, tokens)
             # _emit_tokens, inline (the per-request hot loop of every planner-driven step)
             item.out_left -= emitted
             item.run_tokens += emitted
@@ -227,8 +228,9 @@ class StepwiseReplica(EngineReplica):
     def _complete_item(self, item: StepRequest, now: float) -> None:
         self._release_kv(item)
         times = np.asarray(item.chunk_times, dtype=float)
-        sizes = np.asarray(item.chunk_tokens, dtype=np.int64)
-        self.on_complete(item.req, now, times, None if bool(np.all(sizes == 1)) else sizes)
+        tokens = item.chunk_tokens
+        one_each = tokens.count(1) == len(tokens)  # (a list's own count: np.all's wrapper costs more)
+        self.on_complete(item.req, now, times, None if one_each else np.asarray(tokens, dtype=np.int64))
 
     def _preempt_items(self) -> None:
         """Recompute preemption of the newest admitted requests until the KV cache fits (as replica.py)."""

@@ -43,12 +43,18 @@ NO_TPOT_PRIORITY = 1_000_000  # vLLM priority of a request without a TPOT SLO: a
 
 @dataclass(slots=True)
 class _Tracked:
-    """What the planner keeps of one decoding request: its SLO and its randomness ahead."""
+    """What the planner keeps of one decoding request (on its StepRequest.planned): its SLOs and its randomness
+    ahead."""
 
+    deadline: float  # TreePlanner._deadline
     tpot_s: float  # inf: no TPOT SLO
     first_token_s: float
-    run: AcceptanceRun
     output_tokens: int  # the request's output length (its spec's, fixed)
+    run: AcceptanceRun  # NOTHING_DRAWN until its first speculating step
+
+
+# A run with no step left: a request's randomness is drawn at its first speculating step, not before.
+NOTHING_DRAWN = AcceptanceRun(np.empty(0), np.empty(0), np.empty(0), 0)
 
 
 class StepLengths:
@@ -82,11 +88,11 @@ class TreePlanner:
         self.spec = spec
         # Serve steps whose budget holds every candidate without the selection (same outcome, faster).
         self.shortcut = shortcut
-        self._tracked: dict[StepRequest, _Tracked] = {}
-        self._emitted: dict[StepRequest, int] = {}
+        self._last_plan = BatchPlan()
         self._steps = StepLengths()  # the replica's step lengths, for _slo_at_stake
-        self._deadlines: dict[StepRequest, float] = {}  # _deadline of each decoding request, once
         self._last_plan_s = 0.0  # when the planner last planned a step
+        self._stake_start = 0  # _slo_at_stake's first position to check: where it last found a request at stake
+        self._no_prefill: PrefillLoad | None = None  # _prefill_load's answer with nothing queued or prefilling
 
     def plan(self, replica: StepReplicaView, now: float) -> BatchPlan:
         decoding = replica.decoding
@@ -103,33 +109,37 @@ class TreePlanner:
                     prefill = self._prefill_load(replica)
                 if not at_stake and not prefill.held_back:
                     return self._plain_decode(replica, batch)
-        full = self.scheduler.full_tree(len(decoding), replica.kv_used, prefill) if decoding and self.shortcut else None
-        if full is not None:
-            verified = self._plan_full_trees(decoding, full, batch)
-        elif decoding:
+        if decoding:
             n = len(decoding)
-            budget, spec_steps = self.scheduler.planned(n, replica.kv_used, prefill)
-            if budget <= n:
+            budget, spec_steps, full = self.scheduler.layout(n, replica.kv_used, prefill)
+            if full is not None and self.shortcut:
+                verified = self._plan_full_trees(decoding, full, batch)
+            elif budget <= n:
                 return self._roots_only(replica, batch)
-            decision = self.scheduler.step(self._decode_batch(replica, now, prefill, budget, spec_steps))
-            counts = decision.verified.tolist()
-            emitted = decision.emitted.tolist()
-            batch.decode = list(zip(decoding, counts, strict=True))
-            verified = sum(counts)
-            # A step that drafts nothing runs no draft passes.
-            batch.spec_steps = decision.spec_steps if verified > len(decoding) else 0
-            self._emitted = dict(zip(decoding, emitted, strict=True))
-            self.scheduler.record(len(decoding), verified, sum(emitted))
-        plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
+            else:
+                decision = self.scheduler.step(self._decode_batch(replica, now, prefill, budget, spec_steps))
+                counts = decision.verified.tolist()
+                emitted = decision.emitted.tolist()
+                batch.decode = list(zip(decoding, counts, strict=True))
+                verified = sum(counts)
+                # A step that drafts nothing runs no draft passes.
+                batch.spec_steps = decision.spec_steps if verified > n else 0
+                batch.emitted = emitted
+                self.scheduler.record(n, verified, sum(emitted))
+        if replica.prefilling or replica.waiting:  # (nothing to prefill otherwise)
+            plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
+        self._last_plan = batch
         return batch
 
     def _plain_decode(self, replica: StepReplicaView, batch: BatchPlan) -> BatchPlan:
         """vLLM's step without speculation: one token per decoding request, no draft pass, prefill after."""
         decoding = replica.decoding
         batch.decode = [(item, 1) for item in decoding]
-        self._emitted = {}
+        batch.emitted = [1] * len(decoding)
         self.scheduler.record(len(decoding), len(decoding), len(decoding))
-        plan_fcfs_prefill(replica, batch, replica.token_budget - len(decoding))
+        if replica.prefilling or replica.waiting:  # (nothing to prefill otherwise)
+            plan_fcfs_prefill(replica, batch, replica.token_budget - len(decoding))
+        self._last_plan = batch
         return batch
 
     def _roots_only(self, replica: StepReplicaView, batch: BatchPlan) -> BatchPlan:
@@ -155,17 +165,21 @@ class TreePlanner:
         first), as core/metrics scores it; a TTFT SLO is settled before decoding starts."""
         decoding = replica.decoding
         spike_s = replica.model.step_time(replica.token_budget, replica.kv_used, 0, len(decoding) + 1)
-        deadlines = self._deadlines
         sums = self._steps.sums
         seen = len(sums) - 1
         busy = sums[-1]
-        for item in decoding:
-            deadline = deadlines.get(item)
-            if deadline is None:
-                deadline = deadlines[item] = self._deadline(item)
+        # The answer is whether any request is at stake, so the order of the checks does not change it: start
+        # at the position of the request found at stake last step (it usually still is, and the scan ends there).
+        start = self._stake_start
+        if start >= len(decoding):
+            start = 0
+        for position, item in enumerate(decoding[start:] + decoding[:start] if start else decoding, start):
+            track = item.planned
+            deadline = (track if track is not None else self._track(item)).deadline
             left = item.out_left
             k = left if left < seen else seen  # StepLengths.mean_of_last(left), inline (once per request per step)
             if now + (left - 1) * (busy - sums[-1 - k]) / k + spike_s > deadline:
+                self._stake_start = position % len(decoding)
                 return True
         return False
 
@@ -183,32 +197,34 @@ class TreePlanner:
         return deadline
 
     def accepted(self, request: StepRequest, verified: int, rng: np.random.Generator) -> int:
-        emitted = self._emitted.get(request, 1)  # never above `verified`: it is 1 + accepted draft tokens
-        if emitted >= request.out_left:  # it finishes this step
-            self._tracked.pop(request, None)
-            self._deadlines.pop(request, None)
-        return emitted
+        """What the last plan drew for `request` (1 + accepted draft tokens, never above `verified`); the
+        replica reads the same from the plan itself (BatchPlan.emitted)."""
+        plan = self._last_plan
+        for (item, _), tokens in zip(plan.decode, plan.emitted or (), strict=False):
+            if item is request:
+                return tokens
+        return 1
 
     def _plan_full_trees(self, decoding: list[StepRequest], shape: tuple[int, int], batch: BatchPlan) -> int:
         """Every request verifies its whole (d, w) candidate tree; returns the positions verified."""
         depth, width = shape
         size = depth * width
-        emitted: dict[StepRequest, int] = {}
+        emitted: list[int] = []
         total = 0
-        tracked = self._tracked
         for item in decoding:
-            track = tracked.get(item)
+            track = item.planned
             if track is None or track.run.next >= track.run.length:
                 run = self._next_run(item)
             else:  # (the common case of _next_run, inline)
                 run = track.run
                 run.next += 1
             known = run.full.get(shape)
-            if known is None:
+            if known is None or len(known) < run.next:
                 known = run.full_tree_accepted(depth, width, run.next - 1)
-            emitted[item] = tokens = 1 + known[run.next - 1]
+            tokens = 1 + known[run.next - 1]
+            emitted.append(tokens)
             total += tokens
-        self._emitted = emitted
+        batch.emitted = emitted
         verify = size + 1
         batch.decode = [(item, verify) for item in decoding]
         batch.spec_steps = depth
@@ -217,9 +233,9 @@ class TreePlanner:
 
     def _next_run(self, item: StepRequest) -> AcceptanceRun:
         """The request's randomness, advanced to this step (entry `next - 1` is this step's)."""
-        track = self._tracked.get(item)
+        track = item.planned
         if track is None:
-            track = self._tracked[item] = self._track(item)
+            track = self._track(item)
         run = track.run
         if run.next >= run.length:
             run = track.run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
@@ -230,63 +246,83 @@ class TreePlanner:
         self, replica: StepReplicaView, now: float, prefill: PrefillLoad, budget: int, spec_steps: int
     ) -> DecodeBatch:
         """The decoding requests' SLO state and this step's randomness, for `scheduler.step` (`budget` and
-        `spec_steps`: scheduler.planned's)."""
+        `spec_steps`: scheduler.layout's)."""
         decoding = replica.decoding
         n = len(decoding)
-        # t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill
-        # that will share the step.
-        if self.scheduler.must_pay:
-            prompt, prompts = prefill.tokens, prefill.sequences
-        else:  # what is pending, within what the verification leaves of the budget
-            prompt = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
-            prompts = int(prompt > 0)
-        step_s = replica.model.step_time(budget + prompt, replica.kv_used, spec_steps, n + prompts)
+        step_s = -1.0  # t_spec of A(r) (_spec_step_s), asked at the first request with a TPOT SLO
         # Columns as Python lists, turned into one array (faster than an array of row tuples).
         needs: list[float] = []
         estimates: list[float] = []
         truths: list[float] = []
         uniforms: list[float] = []
         behind = False
-        tracked = self._tracked
+        inf = math.inf
         for item in decoding:
-            track = tracked.get(item)
+            track = item.planned
             if track is None or track.run.next >= track.run.length:
                 run = self._next_run(item)
-                track = tracked[item]
+                track = item.planned
             else:  # (the common case of _next_run, inline)
                 run = track.run
                 run.next += 1
             step = run.next - 1
-            # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it
-            # (o = item.generated, from the output length the track keeps).
-            need = (now - track.first_token_s + step_s) / track.tpot_s - (track.output_tokens - item.out_left)
-            if need > 0.0:
-                behind = True
-            needs.append(need)
+            if track.tpot_s < inf:
+                if step_s < 0.0:
+                    step_s = self._spec_step_s(replica, prefill, budget, spec_steps)
+                # A(r) - 1 = (l + t_spec) / TPOT - o - 1 with l from the first token and o the tokens after it
+                # (o = item.generated, from the output length the track keeps).
+                need = (now - track.first_token_s + step_s) / track.tpot_s - (track.output_tokens - item.out_left)
+                if need > 0.0:
+                    behind = True
+                needs.append(need)
+            else:  # no TPOT SLO: x / inf - o is never above 0, and select() reads a need only through need > 0
+                needs.append(0.0)
             truths.append(run.truth_list[step])
             estimates.append(run.estimate_list[step])
             uniforms.append(run.uniform_list[step])
-        # The draft's estimates then the true rates (the step prices both in one pass), the uniforms and the
-        # needs: one array, the batch's columns views of it.
+        # The draft's estimates then the true rates (the step prices both in one pass), then the uniforms: one
+        # array, the batch's columns views of it. The needs only when the SLO-customized phase runs.
         estimates += truths
         estimates += uniforms
-        estimates += needs
         columns = np.array(estimates)
         paired = columns[: 2 * n]
         return DecodeBatch(
-            budget, columns[3 * n :], paired[n:], paired[:n], columns[2 * n : 3 * n], paired, behind=behind
+            budget, np.array(needs) if behind else None, paired[n:], paired[:n], columns[2 * n :], paired, behind=behind
         )
 
-    def _track(self, item: StepRequest) -> _Tracked:
-        tpot = item.req.spec.slo.tpot_s
-        run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
-        return _Tracked(math.inf if tpot is None else tpot, item.chunk_times[0], run, item.spec.output_tokens)
+    def _spec_step_s(self, replica: StepReplicaView, prefill: PrefillLoad, budget: int, spec_steps: int) -> float:
+        """t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill
+        that will share the step."""
+        if self.scheduler.must_pay:
+            prompt, prompts = prefill.tokens, prefill.sequences
+        else:  # what is pending, within what the verification leaves of the budget
+            prompt = self._prefill_tokens(replica, max(replica.token_budget - budget, 0))
+            prompts = int(prompt > 0)
+        return replica.model.step_time(budget + prompt, replica.kv_used, spec_steps, len(replica.decoding) + prompts)
 
-    @staticmethod
-    def _prefill_load(replica: StepReplicaView) -> PrefillLoad:
+    def _track(self, item: StepRequest) -> _Tracked:
+        """Start keeping a decoding request (its first token has come); its randomness waits for its first
+        speculating step. Kept on the request itself, so it goes when the request does."""
+        tpot = item.req.spec.slo.tpot_s
+        track = _Tracked(
+            self._deadline(item),
+            math.inf if tpot is None else tpot,
+            item.chunk_times[0],
+            item.spec.output_tokens,
+            NOTHING_DRAWN,
+        )
+        item.planned = track
+        return track
+
+    def _prefill_load(self, replica: StepReplicaView) -> PrefillLoad:
         """The prefill vLLM would put beside this step's decodes at one token each (plan_fcfs_prefill), less the
         queued requests the KV cache cannot hold yet (the replica admits in order and stops at the first that
         does not fit: core/sim/stepwise.py)."""
+        if not replica.waiting and not replica.prefilling:  # nothing to prefill (most steps): kept, not rebuilt
+            empty = self._no_prefill
+            if empty is None or empty.token_budget != replica.token_budget:
+                empty = self._no_prefill = PrefillLoad(0, 0, replica.token_budget, False)
+            return empty
         scratch = BatchPlan()
         plan_fcfs_prefill(replica, scratch, replica.token_budget - len(replica.decoding))
         tokens = sequences = admitted = 0

@@ -76,7 +76,9 @@ class DecodeBatch:
     """The decoding requests of one step, as arrays (one entry per request)."""
 
     budget: int  # B: tokens this step verifies, roots included
-    need: np.ndarray  # A(r) - 1: draft tokens to accept this step to be on the TPOT SLO after it (sec. 3)
+    # A(r) - 1: draft tokens to accept this step to be on the TPOT SLO after it (sec. 3); None with `behind`
+    # False (the SLO phase does not run, so the caller need not build it).
+    need: np.ndarray | None
     truth: np.ndarray  # this step's true local acceptance a (speculation.py)
     estimate: np.ndarray  # the draft's estimate â of it
     uniforms: np.ndarray  # one U(0, 1) per request: draws the accepted depth
@@ -86,7 +88,7 @@ class DecodeBatch:
     behind: bool = True  # whether some need may be > 0 (False: the caller checked none is; no SLO phase)
 
     def __len__(self) -> int:
-        return len(self.need)
+        return len(self.uniforms)
 
 
 @dataclass(slots=True)
@@ -100,7 +102,7 @@ class StepDecision:
 class AcceptanceRun:
     """A request's per-step randomness, drawn ahead in one go (a step takes entry `next`)."""
 
-    truth: np.ndarray  # true local acceptance a per step
+    truth: np.ndarray  # true local acceptance a per step, through clip_acceptance (draw_run)
     estimate: np.ndarray  # the draft's estimate of it
     uniforms: np.ndarray  # draws the accepted depth
     length: int  # steps drawn
@@ -113,23 +115,28 @@ class AcceptanceRun:
     uniform_list: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same).
-        self.truth_list = clip_acceptance(self.truth).tolist()
+        # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same); the truth is.
+        self.truth_list = self.truth.tolist()
         self.estimate_list = clip_acceptance(self.estimate).tolist()
         self.uniform_list = self.uniforms.tolist()
 
     def full_tree_accepted(self, depth: int, width: int, start: int = 0) -> list[int]:
-        """The draws of `accepted_draft_tokens` for the full candidate tree, for steps `start` on at once (the
-        entries before `start` are 0: steps already taken are not asked again): they use the same per-step
-        truth and uniform as the general path, so the outcome is the same."""
-        known = self.full.get((depth, width))
-        if known is None:
+        """The draws of `accepted_draft_tokens` for the full candidate tree, for `FULL_TREE_STEPS` steps from
+        `start` at once (entries not asked are 0: steps already taken are not asked again): they use the same
+        per-step truth and uniform as the general path, so the outcome is the same. A request verifies its full
+        tree on a few steps only (when the batch is small), so its run is not computed to the end."""
+        known = self.full.get((depth, width), [])
+        if len(known) <= start:
+            end = min(start + FULL_TREE_STEPS, self.length)
             shape = candidate_shape(depth, width)
-            selection = full_selection(self.length - start, shape.size)
-            probs = path_probabilities(shape, self.truth[start:])
-            drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:]).tolist()
-            known = self.full[(depth, width)] = [0] * start + drawn
+            selection = full_selection(end - start, shape.size)
+            probs = path_probabilities(shape, self.truth[start:end], clipped=True)
+            drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:end]).tolist()
+            known = self.full[(depth, width)] = known + [0] * (start - len(known)) + drawn
         return known
+
+
+FULL_TREE_STEPS = 16  # steps of a run AcceptanceRun.full_tree_accepted draws at once
 
 
 def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSpec) -> AcceptanceRun:
@@ -210,19 +217,15 @@ class TreeScheduler:
             )
         return known
 
-    def planned(self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL) -> tuple[int, int]:
-        """(tokens verified, draft passes) of the coming step; the planner prices it for A(r)'s t_spec."""
-        budget = self.budget(active, context_tokens, prefill)
-        return budget, self.shape(active, budget)[0]
-
-    def full_tree(
+    def layout(
         self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL
-    ) -> tuple[int, int] | None:
-        """(d, w) when this step's budget holds every candidate of every request (then the selection is all
-        of them, whatever the SLOs and estimates), else None."""
+    ) -> tuple[int, int, tuple[int, int] | None]:
+        """The coming step's (tokens verified, draft passes, full tree): B and d, which the planner prices for
+        A(r)'s t_spec, and (d, w) when B holds every candidate of every request (then the selection is all of
+        them, whatever the SLOs and estimates), else None. One call a step (B and the shape asked once)."""
         budget = self.budget(active, context_tokens, prefill)
         depth, width = self.shape(active, budget)
-        return (depth, width) if budget - active >= active * depth * width else None
+        return budget, depth, (depth, width) if budget - active >= active * depth * width else None
 
     def step(self, batch: DecodeBatch) -> StepDecision:
         n = len(batch)
@@ -249,6 +252,7 @@ class TreeScheduler:
                 selected = most_probable(both[:n], batch.budget - n)
                 accepted = accepted_depths(shape, selected, both[n:], batch.uniforms)
                 return StepDecision(verified=selected_counts(selected) + 1, emitted=accepted + 1, spec_steps=depth)
+            assert batch.need is not None  # (behind: the caller built it)
             selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
             accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
         self.slo_served += selection.behind
@@ -299,14 +303,12 @@ class StaticScheduler:
 
     must_pay = False  # vLLM-Spec(k) drafts every step, its verified tokens taking max_num_batched_tokens as vLLM's
 
-    def planned(self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL) -> tuple[int, int]:
-        return active * (self.width + 1), self.width
-
-    def full_tree(
+    def layout(
         self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL
-    ) -> tuple[int, int] | None:
-        """A k-chain is the whole candidate tree of a depth-k, width-1 beam search."""
-        return (self.width, 1) if self.width > 0 else None
+    ) -> tuple[int, int, tuple[int, int] | None]:
+        """TreeScheduler.layout's answer for a k-chain: the whole candidate tree of a depth-k, width-1 beam
+        search, verified by everyone."""
+        return active * (self.width + 1), self.width, (self.width, 1) if self.width > 0 else None
 
     def record(self, active: int, verified: int, emitted: int) -> None:
         return None

@@ -47,7 +47,7 @@ class CandidateShape:
     parent: np.ndarray  # (N,) int
     rank: np.ndarray  # (N,) int, 1-based rank among its parent's children
     level_onehot: np.ndarray  # (N, d) float: column k-1 marks the nodes at depth k
-    exponents: np.ndarray  # (2, N) float: depth and offset, the exponents of a and 1 - a
+    exponents: tuple[np.ndarray, np.ndarray]  # (N,) float each: depth and offset, the exponents of a and 1 - a
     size: int  # N
 
 
@@ -86,7 +86,7 @@ def candidate_shape(depth: int, width: int) -> CandidateShape:
         parent=np.array(parents, dtype=np.int64),
         rank=np.array(ranks, dtype=np.int64),
         level_onehot=onehot,
-        exponents=np.array([depths, offsets], dtype=float),
+        exponents=(np.array(depths, dtype=float), np.array(offsets, dtype=float)),
         size=len(depths),
     )
 
@@ -123,12 +123,20 @@ def draft_estimate(
     a = true_acceptance if clipped else clip_acceptance(true_acceptance)
     if mismatch == 0.0 and overconfidence == 0.0:
         return a
-    logit = np.log(a) - np.log1p(-a)
+    # Each operation in place where it can be (once per request: the same elementwise values, fewer arrays).
+    logit = np.log(a)
+    logit -= np.log1p(-a)
     if overconfidence:  # (x + 0.0 is x: a difference of logarithms is never -0.0)
         logit += overconfidence
     if mismatch:
-        logit = logit + mismatch * rng.standard_normal(len(a))
-    return 1.0 / (1.0 + np.exp(-logit))
+        noise = rng.standard_normal(len(a))
+        noise *= mismatch
+        logit += noise
+    # 1 / (1 + exp(-logit))
+    np.negative(logit, out=logit)
+    np.exp(logit, out=logit)
+    logit += 1.0
+    return np.divide(1.0, logit, out=logit)
 
 
 @dataclass(slots=True)
