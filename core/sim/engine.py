@@ -108,6 +108,9 @@ class SimEngine:
         # iteration through step_once instead (the tests compare the two).
         self._plain_passthrough = self._passthrough and type(self.replicas[0]) is EngineReplica
         self._decode_runs = self._plain_passthrough and not reference
+        # A completion moves no client send in an open loop without an in-flight cap (ClientDriver.on_done only
+        # counts it), so a decode run may go on past it (run_decode_steps' through_completions).
+        self._runs_through_completions = plan.mode == "open" and plan.concurrency is None
         self._held = 0  # requests the policy holds
         self._policy_dirty = False  # something changed since the policy was last asked to release
 
@@ -415,6 +418,7 @@ class SimEngine:
         clients = self.clients
         replica = self.replicas[0]
         decode_runs = self._decode_runs
+        through_completions = self._runs_through_completions
         sampling = self.on_sample is not None
         while not self.finished:
             clients.release(self.clock)
@@ -428,7 +432,11 @@ class SimEngine:
                 not (
                     decode_runs
                     and replica.run_decode_steps(
-                        self.clock, clients.next_send_time(), until_s, self._next_sample_s if sampling else math.inf
+                        self.clock,
+                        clients.next_send_time(),
+                        until_s,
+                        self._next_sample_s if sampling else math.inf,
+                        through_completions=through_completions,
                     )
                 )
                 and not replica.step_once()
