@@ -227,6 +227,18 @@ def test_smooth_goodput_default_deadline_is_the_papers_i_over_v() -> None:
     assert idle_latency_s(r, allowed) == pytest.approx(0.5)
 
 
+@pytest.mark.parametrize("spec", [SMOOTH, SmoothGoodputSpec(reading_speed_tps=7.3, ttft_allow_s=0.37)])
+def test_chunk_due_times_equal_token_due_s_to_the_bit(spec: SmoothGoodputSpec) -> None:
+    # outcomes' per-chunk pass adds the per-request part once and divides in place; token_due_s is the definition.
+    rng = np.random.default_rng(7)
+    counts = rng.integers(1, 400, size=300)
+    arrival = rng.uniform(0.0, 5e4, size=300) * rng.choice([1.0, 1e-3, 1e3], size=300)
+    before = np.concatenate([np.sort(rng.integers(0, 5000, size=c)) for c in counts])
+    expected = smooth_goodput.token_due_s(np.repeat(arrival, counts), before, spec)
+    got = smooth_goodput.chunk_due_s(arrival, counts, before.astype(np.float64), spec)
+    assert got.tobytes() == expected.tobytes()
+
+
 def test_goodput_without_an_e2e_slo_uses_the_other_slos() -> None:
     slow_first_token = rec(0, chunks=[0.8, 0.9])
     fine = rec(1, chunks=[0.1, 0.2])
