@@ -75,10 +75,10 @@ def test_e2e_percentiles_use_numpy_linear_interpolation() -> None:
 
 @pytest.mark.parametrize("kind", ["lognormal", "ties", "signed", "infinities", "nan"])
 def test_small_array_percentiles_equal_numpys_to_the_bit(kind: str) -> None:
-    """`percentiles` sorts arrays of up to summary._SMALL values and interpolates itself (the live window's
-    path); every figure must be np.percentile's, in every size up to that bound and one beyond it."""
+    """`percentiles` sorts arrays of up to summary._SMALL values and partitions larger ones, and interpolates
+    itself; every figure must be np.percentile's, in every size up to that bound and beyond it."""
     rng = np.random.default_rng(7)
-    for n in [*range(1, 40), 127, 500, summary_module._SMALL, summary_module._SMALL + 1]:
+    for n in [*range(1, 40), 127, 500, summary_module._SMALL, summary_module._SMALL + 1, 5000, 100_003]:
         values = {
             "lognormal": rng.lognormal(0.0, 2.0, n),
             "ties": rng.integers(0, 4, n) * 0.1,
@@ -90,6 +90,8 @@ def test_small_array_percentiles_equal_numpys_to_the_bit(kind: str) -> None:
             with np.errstate(invalid="ignore"):  # inf - inf
                 expected = np.percentile(values, qs, method="linear").tolist()
                 got = summary_module.percentiles(values, qs)
+                in_place = summary_module.percentiles(values.copy(), qs, overwrite_input=True)
+            assert got == in_place or np.array_equal(np.array(got), np.array(in_place), equal_nan=True)
             assert np.array_equal(np.array(got), np.array(expected), equal_nan=True), (kind, n, qs, got, expected)
 
 
