@@ -108,9 +108,10 @@ class SimEngine:
         # iteration through step_once instead (the tests compare the two).
         self._plain_passthrough = self._passthrough and type(self.replicas[0]) is EngineReplica
         self._decode_runs = self._plain_passthrough and not reference
-        # A completion moves no client send in an open loop without an in-flight cap (ClientDriver.on_done only
-        # counts it), so a decode run may go on past it (run_decode_steps' through_completions).
-        self._runs_through_completions = plan.mode == "open" and plan.concurrency is None
+        # In an open loop a completion moves no client send unless a request waits for an in-flight slot
+        # (ClientDriver.on_done only counts it; release would send the waiting one now), so a decode run may go
+        # on past it (run_decode_steps' through_completions). A closed loop's client sends again after it.
+        self._runs_through_completions = (lambda: not self.clients.blocked) if plan.mode == "open" else None
         self._held = 0  # requests the policy holds
         self._policy_dirty = False  # something changed since the policy was last asked to release
 

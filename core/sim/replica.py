@@ -263,7 +263,13 @@ class EngineReplica:
         return self.kv_used + need <= self.kv_capacity
 
     def run_decode_steps(
-        self, clock_floor: float, send_s: float, until_s: float, sample_s: float, *, through_completions: bool = False
+        self,
+        clock_floor: float,
+        send_s: float,
+        until_s: float,
+        sample_s: float,
+        *,
+        through_completions: Callable[[], bool] | None = None,
     ) -> int:
         """Run, one after another, the engine steps that only decode and change nothing else; returns how many.
 
@@ -277,12 +283,12 @@ class EngineReplica:
         capacity, and no waiting request could be admitted (that test is monotone here: the cache only
         grows). A batch's run ends with the step at the decode heap's earliest finish step: that step is the
         same batch too, and its completions are handled here as step_once's tail does. A completion changes
-        the batch, so the call returns there, unless `through_completions` (the caller's word that a
-        completion moves no client send: open loop, no in-flight cap): then the next batch runs on in this
-        call if it passes every test the caller's next call would make (the sample, send and until tests,
-        decoding requests left, no admission now that the cache has room). The steps also stop after the
-        first one whose end reaches `sample_s`, so the caller samples the engine exactly where step_once
-        would."""
+        the batch, so the call returns there, unless `through_completions` says, asked after the completions,
+        that they moved no client send (an open loop with nobody waiting for an in-flight slot): then the next
+        batch runs on in this call if it passes every test the caller's next call would make (the sample,
+        send and until tests, decoding requests left, no admission now that the cache has room). The steps
+        also stop after the first one whose end reaches `sample_s`, so the caller samples the engine exactly
+        where step_once would."""
         if self.prefilling or not self.decoding or self._stalls is not None or self._admits_head():
             return 0
         heap = self.decode_heap
@@ -298,7 +304,7 @@ class EngineReplica:
                 if req.alive:
                     self._complete(req, step)
             self.step = step + 1
-            if not through_completions:
+            if through_completions is None or not through_completions():
                 return ran
             # What the caller's loop would test before its next call (the sample first: it samples there).
             now = self.clock if self.clock > clock_floor else clock_floor
