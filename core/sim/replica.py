@@ -41,9 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from core.profile import Calibration, KnobsSpec, StallModel
+from core.profile import Calibration, KnobsSpec
 from core.records import RequestSpec
-from core.step_time import StepTimeModel, expected_accepted_tokens
+from core.sim.stalls import StallClock
+from core.step_time import DecodeStepCosts, StepTimeModel, expected_accepted_tokens
 
 NOISE_BLOCK = 65536
 # Step end times are stored in blocks of this many steps. A grown single array kept every outgrown buffer alive
@@ -52,32 +53,6 @@ STEP_BLOCK = 1 << 16
 # 0.0, 1.0, 2.0, ...: step counts for _run_chunks' emitted-token arithmetic, made once (a request's run is
 # usually shorter; a longer one makes its own).
 _STEP_COUNTS = np.arange(4096, dtype=np.float64)
-
-
-class StallClock:
-    """When the machine stalls (Calibration.stalls): Poisson arrivals over busy time, lognormal durations.
-
-    It draws from a stream of its own, spawned from the replica's, so a calibration with stalls changes no
-    other random draw of the run (acceptance, step noise) and runs with and without stalls stay comparable."""
-
-    __slots__ = ("_mean_gap_s", "_mu", "_rng", "_sigma", "_until_next_s")
-
-    def __init__(self, model: StallModel, rng: np.random.Generator) -> None:
-        self._rng = rng.spawn(1)[0]
-        self._mean_gap_s = 1.0 / model.rate_per_s
-        self._sigma = math.sqrt(math.log1p(model.cv * model.cv))
-        self._mu = math.log(model.mean_s) - 0.5 * self._sigma * self._sigma if model.mean_s > 0 else -math.inf
-        self._until_next_s = self._rng.exponential(self._mean_gap_s)
-
-    def stall_within(self, busy_s: float) -> float:
-        """The stall time that falls within the next `busy_s` seconds of engine work (usually 0)."""
-        self._until_next_s -= busy_s
-        stalled = 0.0
-        while self._until_next_s <= 0.0:
-            if self._mu > -math.inf:
-                stalled += float(self._rng.lognormal(self._mu, self._sigma))
-            self._until_next_s += self._rng.exponential(self._mean_gap_s)
-        return stalled
 
 
 @dataclass(slots=True, eq=False)
@@ -108,9 +83,6 @@ class SimRequest:
 
 
 # (request, end time, chunk times, chunk sizes or None for one token per chunk)
-# run_decode_steps' step cost for a batch size: (floor, terms that grow with the context as (fixed, k_ctx,
-# spec part, seq part), the one such term as (fixed, k_ctx, tail) when it can be summed so, else None).
-DecodeStepCosts = tuple[float, list[tuple[float, float, float, float]], "tuple[float, float, float] | None"]
 CompletionCallback = Callable[[SimRequest, float, np.ndarray, "np.ndarray | None"], None]
 
 
@@ -311,33 +283,6 @@ class EngineReplica:
             if now >= sample_s or now >= send_s or self.clock >= until_s or not self.decoding or self._admits_head():
                 return ran
 
-    def _decode_step_costs(self, decoding: int) -> DecodeStepCosts:
-        """step_time of a decode-only batch of `decoding` requests, split for run_decode_steps' loop.
-
-        Each term is step_time's sum left to right, base + k_tok*tokens + k_ctx*context + k_spec*spec +
-        k_seq*seqs, with everything but the context fixed by the batch: (base + k_tok*tokens, k_ctx,
-        k_spec*width, k_seq*seqs). A term with no context cost is the same value every step (0.0 * context
-        is a zero, and adding a zero changes no other value), so those fold into a floor with step_time's
-        starting 0.0: the step's max over the terms is the max of that floor and the others, whatever the
-        order. With one term left whose spec or seq part is zero, (x + a) + b is x + (a + b) to the bit, so
-        the loop evaluates it as one sum of three."""
-        tokens = decoding * (self.width + 1)
-        floor_s = 0.0
-        varying: list[tuple[float, float, float, float]] = []
-        for base, k_tok, k_ctx, k_spec, k_seq in self.model.terms:
-            fixed, spec_part, seq_part = base + k_tok * tokens, k_spec * self.width, k_seq * decoding
-            if k_ctx == 0.0:
-                value = fixed + k_ctx * 0.0 + spec_part + seq_part
-                if value > floor_s:
-                    floor_s = value
-            else:
-                varying.append((fixed, k_ctx, spec_part, seq_part))
-        single = None
-        if len(varying) == 1 and (varying[0][2] == 0.0 or varying[0][3] == 0.0):
-            fixed, k_ctx, spec_part, seq_part = varying[0]
-            single = (fixed, k_ctx, spec_part + seq_part)
-        return floor_s, varying, single
-
     def _decode_batch_steps(
         self, clock_floor: float, send_s: float, until_s: float, sample_s: float, ran: int
     ) -> tuple[int, bool]:
@@ -347,7 +292,7 @@ class EngineReplica:
         first_finish = heap[0][0] if heap else math.inf
         costs = self._decode_terms.get(self.decoding)
         if costs is None:
-            costs = self._decode_terms[self.decoding] = self._decode_step_costs(self.decoding)
+            costs = self._decode_terms[self.decoding] = self.model.decode_step_costs(self.decoding, self.width)
         floor_s, varying, single = costs
         if single is not None:
             single_fixed, single_k_ctx, single_tail = single
