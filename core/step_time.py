@@ -20,6 +20,10 @@ from dataclasses import dataclass
 
 from core.profile import Calibration
 
+# A decode-only batch's step cost (StepTimeModel.decode_step_costs): (floor, the terms that grow with the context
+# as (fixed, k_ctx, spec part, seq part), the one such term as (fixed, k_ctx, tail) when it sums so, else None).
+DecodeStepCosts = tuple[float, list[tuple[float, float, float, float]], "tuple[float, float, float] | None"]
+
 
 @dataclass(frozen=True, slots=True)
 class StepTimeModel:
@@ -41,6 +45,34 @@ class StepTimeModel:
             if value > best:
                 best = value
         return best
+
+    def decode_step_costs(self, decoding: int, width: int) -> DecodeStepCosts:
+        """step_time of a decode-only batch of `decoding` requests at speculation width `width`, split for the
+        simulator's decode runs (core/sim/replica.run_decode_steps), which price such a batch every step.
+
+        Each term is step_time's sum left to right, base + k_tok*tokens + k_ctx*context + k_spec*spec +
+        k_seq*seqs, with everything but the context fixed by the batch: (base + k_tok*tokens, k_ctx,
+        k_spec*width, k_seq*seqs). A term with no context cost is the same value every step (0.0 * context
+        is a zero, and adding a zero changes no other value), so those fold into a floor with step_time's
+        starting 0.0: the step's max over the terms is the max of that floor and the others, whatever the
+        order. With one term left whose spec or seq part is zero, (x + a) + b is x + (a + b) to the bit, so
+        the loop evaluates it as one sum of three."""
+        tokens = decoding * (width + 1)
+        floor_s = 0.0
+        varying: list[tuple[float, float, float, float]] = []
+        for base, k_tok, k_ctx, k_spec, k_seq in self.terms:
+            fixed, spec_part, seq_part = base + k_tok * tokens, k_spec * width, k_seq * decoding
+            if k_ctx == 0.0:
+                value = fixed + k_ctx * 0.0 + spec_part + seq_part
+                if value > floor_s:
+                    floor_s = value
+            else:
+                varying.append((fixed, k_ctx, spec_part, seq_part))
+        single = None
+        if len(varying) == 1 and (varying[0][2] == 0.0 or varying[0][3] == 0.0):
+            fixed, k_ctx, spec_part, seq_part = varying[0]
+            single = (fixed, k_ctx, spec_part + seq_part)
+        return floor_s, varying, single
 
     def tokens_within(self, budget_s: float, context_tokens: float, spec_steps: int, sequences: int) -> float:
         """The inverse in the batch size (paper 004's Time2BS): the most batched tokens whose step time stays

@@ -75,10 +75,10 @@ def test_e2e_percentiles_use_numpy_linear_interpolation() -> None:
 
 @pytest.mark.parametrize("kind", ["lognormal", "ties", "signed", "infinities", "nan"])
 def test_small_array_percentiles_equal_numpys_to_the_bit(kind: str) -> None:
-    """`percentiles` sorts arrays of up to summary._SMALL values and interpolates itself (the live window's
-    path); every figure must be np.percentile's, in every size up to that bound and one beyond it."""
+    """`percentiles` sorts arrays of up to summary._SMALL values and partitions larger ones, and interpolates
+    itself; every figure must be np.percentile's, in every size up to that bound and beyond it."""
     rng = np.random.default_rng(7)
-    for n in [*range(1, 40), 127, 500, summary_module._SMALL, summary_module._SMALL + 1]:
+    for n in [*range(1, 40), 127, 500, summary_module._SMALL, summary_module._SMALL + 1, 5000, 100_003]:
         values = {
             "lognormal": rng.lognormal(0.0, 2.0, n),
             "ties": rng.integers(0, 4, n) * 0.1,
@@ -90,6 +90,8 @@ def test_small_array_percentiles_equal_numpys_to_the_bit(kind: str) -> None:
             with np.errstate(invalid="ignore"):  # inf - inf
                 expected = np.percentile(values, qs, method="linear").tolist()
                 got = summary_module.percentiles(values, qs)
+                in_place = summary_module.percentiles(values.copy(), qs, overwrite_input=True)
+            assert got == in_place or np.array_equal(np.array(got), np.array(in_place), equal_nan=True)
             assert np.array_equal(np.array(got), np.array(expected), equal_nan=True), (kind, n, qs, got, expected)
 
 
@@ -225,6 +227,18 @@ def test_smooth_goodput_default_deadline_is_the_papers_i_over_v() -> None:
     # The allowance stays an option: a first token due 1 s after arrival shifts every deadline by 0.5 s.
     allowed = SmoothGoodputSpec(alpha=2.0, reading_speed_tps=2.0, ttft_allow_s=1.0, penalty="linear")
     assert idle_latency_s(r, allowed) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("spec", [SMOOTH, SmoothGoodputSpec(reading_speed_tps=7.3, ttft_allow_s=0.37)])
+def test_chunk_due_times_equal_token_due_s_to_the_bit(spec: SmoothGoodputSpec) -> None:
+    # outcomes' per-chunk pass adds the per-request part once and divides in place; token_due_s is the definition.
+    rng = np.random.default_rng(7)
+    counts = rng.integers(1, 400, size=300)
+    arrival = rng.uniform(0.0, 5e4, size=300) * rng.choice([1.0, 1e-3, 1e3], size=300)
+    before = np.concatenate([np.sort(rng.integers(0, 5000, size=c)) for c in counts])
+    expected = smooth_goodput.token_due_s(np.repeat(arrival, counts), before, spec)
+    got = smooth_goodput.chunk_due_s(arrival, counts, before.astype(np.float64), spec)
+    assert got.tobytes() == expected.tobytes()
 
 
 def test_goodput_without_an_e2e_slo_uses_the_other_slos() -> None:

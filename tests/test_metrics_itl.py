@@ -59,21 +59,25 @@ GAP_DRAWS = {
 
 @pytest.mark.parametrize("draw", sorted(GAP_DRAWS))
 @pytest.mark.parametrize(("leaf", "bin_shift"), [(128, 44), (200, 60), (1 << 15, 44)])
+@pytest.mark.parametrize("materialise", [0, 1 << 20])  # 0: every series through the histogram
 def test_streamed_summary_equals_numpy_over_the_whole_array(
-    draw: str, leaf: int, bin_shift: int, monkeypatch: pytest.MonkeyPatch
+    draw: str, leaf: int, bin_shift: int, materialise: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Small leaves (numpy's 128-element block is the least) walk numpy's pairwise splits many levels deep; a
     # coarse histogram puts many values per bin.
     monkeypatch.setattr(itl, "_LEAF", leaf)
     monkeypatch.setattr(itl, "_BIN_SHIFT", bin_shift)
+    monkeypatch.setattr(itl, "_MATERIALISE", materialise)
     for seed in range(4):
         rng = np.random.default_rng(seed)
         records = _records(rng, int(rng.integers(1, 400)), GAP_DRAWS[draw](rng))
         assert _same(_streamed(records), _numpy_summary(records)), (draw, seed)
 
 
-def test_a_million_gaps_sum_like_numpy() -> None:
+@pytest.mark.parametrize("materialise", [0, 1 << 20])
+def test_a_million_gaps_sum_like_numpy(materialise: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past numpy's 128-element blocks and several real leaves: the pairwise splits must line up."""
+    monkeypatch.setattr(itl, "_MATERIALISE", materialise)
     rng = np.random.default_rng(7)
     records = [rec(i, chunks=np.cumsum(rng.lognormal(-3.5, 0.6, 1 + int(rng.integers(1, 400))))) for i in range(6000)]
     assert len(_materialised(records)) > 4 * itl._LEAF
@@ -89,7 +93,9 @@ def test_linear_percentiles_follow_numpy_for_every_size() -> None:
         assert got == [float(x) for x in np.percentile(values, qs)], n
 
 
-def test_nan_gap_gives_nan_percentiles_as_numpy() -> None:
+@pytest.mark.parametrize("materialise", [0, 1 << 20])
+def test_nan_gap_gives_nan_percentiles_as_numpy(materialise: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(itl, "_MATERIALISE", materialise)
     records = [rec(0, chunks=[0.0, 0.1, math.nan, 0.4]), rec(1, chunks=[1.0, 1.5])]
     streamed = _streamed(records)
     assert _same(streamed, _numpy_summary(records))

@@ -8,6 +8,7 @@ closed loops, speculation, chunked prefill) under each scheduling mode, and unde
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -97,3 +98,33 @@ def test_fast_path_equals_the_reference_under_kv_pressure_and_chunked_prefill() 
     assert runs[True][2] > 0  # the cache did overflow
     assert_same_records(runs[False][0], runs[True][0])
     assert runs[False][1] == runs[True][1]
+
+
+@pytest.mark.parametrize("cap", [None, 2, 6])
+@pytest.mark.parametrize("interval_s", [0.5, math.inf])
+def test_decode_runs_through_completions_equal_the_reference_with_an_in_flight_cap(
+    cap: int | None, interval_s: float
+) -> None:
+    """Open loop, as the tuner's segments run it (its concurrency knob caps requests in flight, no engine
+    samples): a decode run goes on past a completion only while nobody waits for an in-flight slot."""
+    profile = load_profile("quickstart")
+    calibration = load_calibration(profile)
+    runs = {}
+    for reference in (False, True):
+        plan = build_load_plan(profile, seed=5, requests=500)
+        plan.concurrency = cap
+        samples: list[EngineSample] = []
+        engine = SimEngine(
+            calibration,
+            profile.knobs,
+            plan,
+            seed=5,
+            on_sample=samples.append,
+            sample_interval_s=interval_s,
+            reference=reference,
+        )
+        runs[reference] = (engine.run(), samples, engine.clients)
+    assert_same_records(runs[False][0], runs[True][0])
+    assert runs[False][1] == runs[True][1]
+    if cap is not None:  # requests did wait for a slot (sent later than they arrived)
+        assert any(rec.sent_s is not None and rec.sent_s > rec.arrival_s for rec in runs[True][0])

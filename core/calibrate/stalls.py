@@ -13,7 +13,7 @@ the point's typical step (the median gap between a request's consecutive chunks,
 own step where /metrics gives it) is a stall; its duration is what is left of the gap after one typical step per
 token of the burst that ends it (the engine made those tokens during the silence). Over all points and repeats of a
 sweep, the stall rate is the number of stalls per observed second, and their durations are summarised by mean and
-coefficient of variation (the simulator draws them lognormal, core/sim/replica.StallClock).
+coefficient of variation (the simulator draws them lognormal, core/sim/stalls.StallClock).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.metrics.smooth_goodput import idle_and_benefit, token_due_s
+from core.metrics.smooth_goodput import chunk_due_s, idle_and_benefit
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord, RequestSLO, Status
 
@@ -120,14 +120,17 @@ def _chunk_pass(
             for j, tk in enumerate(batch_tokens):
                 if tk is not None:
                     tok[starts[j] : starts[j] + counts[j]] = tk
-            before = np.cumsum(tok) - tok  # tokens before each chunk, counted from the batch start
-            before -= np.repeat(before[starts], counts)  # ... now from the request's start
+            before_int = np.cumsum(tok) - tok  # tokens before each chunk, counted from the batch start
+            before_int -= np.repeat(before_int[starts], counts)  # ... now from the request's start
+            before = before_int.astype(np.float64)  # exact (counts below 2**53), as token_due_s's division casts
             delivered[lo:hi] = np.add.reduceat(tok, starts)
         else:
-            before = np.arange(len(flat_t))
+            # One token per chunk: chunk k of the batch has k - start of its request before it (in floats,
+            # exact for counts below 2**53, so the same as the integers cast).
+            before = np.arange(len(flat_t), dtype=np.float64)
             before -= np.repeat(starts, counts)
             delivered[lo:hi] = counts
-        late = token_due_s(np.repeat(arrival[lo:hi], counts), before, smooth)
+        late = chunk_due_s(arrival[lo:hi], counts, before, smooth)
         np.subtract(flat_t, late, out=late)  # lateness of each chunk's first token
         max_late[lo:hi] = np.maximum.reduceat(late, starts)
         first[lo:hi] = flat_t[starts]

@@ -48,6 +48,19 @@ def token_due_s(arrival_s: np.ndarray, tokens_before: np.ndarray, smooth: Smooth
     return arrival_s + smooth.first_token_due_s + tokens_before / smooth.reading_speed_tps
 
 
+def chunk_due_s(
+    arrival_s: np.ndarray, counts: np.ndarray, tokens_before: np.ndarray, smooth: SmoothGoodputSpec
+) -> np.ndarray:
+    """token_due_s of each chunk's first token, `counts[j]` chunks for request j arriving at `arrival_s[j]`,
+    `tokens_before` (float64, one per chunk; overwritten and returned) tokens of its request before it.
+
+    The same doubles as token_due_s over the repeated arrivals, (a + first) + before / V (x + y is y + x),
+    in fewer passes over the chunks: a + first once per request, then in place."""
+    tokens_before /= smooth.reading_speed_tps
+    tokens_before += np.repeat(arrival_s + smooth.first_token_due_s, counts)
+    return tokens_before
+
+
 def idle_and_benefit(
     max_late: np.ndarray,
     ok: np.ndarray,

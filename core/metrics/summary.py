@@ -42,11 +42,31 @@ def percentiles(
         if math.isnan(ordered[-1]):  # NaN sorts last; numpy's percentiles of an array holding one are NaN
             return tuple(NAN for _ in qs)
         return tuple(linear_percentiles(len(ordered), qs, lambda ranks: {r: float(ordered[r]) for r in ranks}))
-    found = np.percentile(values, qs, method="linear", overwrite_input=overwrite_input)
-    return tuple(float(v) for v in found)
+    if values.dtype != np.float64:
+        found = np.percentile(values, qs, method="linear", overwrite_input=overwrite_input)
+        return tuple(float(v) for v in found)
+    # Larger float arrays: partitioned at the ranks numpy reads, as np.percentile does, and interpolated with
+    # its formula, without its per-call machinery (and the numpy.ma import its first call costs). The last
+    # rank too: NaN partitions last, and numpy's percentiles of an array holding one are NaN.
+    n = len(values)
+    holds_nan = False
+
+    def order_stats(ranks: list[int]) -> dict[int, float]:
+        nonlocal holds_nan
+        kth = sorted({*ranks, n - 1})
+        if overwrite_input:
+            values.partition(kth)
+            ordered = values
+        else:
+            ordered = np.partition(values, kth)
+        holds_nan = math.isnan(ordered[n - 1])
+        return {r: float(ordered[r]) for r in ranks}
+
+    found = linear_percentiles(n, qs, order_stats)
+    return tuple(NAN for _ in qs) if holds_nan else tuple(found)
 
 
-# Up to this many values, percentiles sort them (see `percentiles`).
+# Up to this many values, percentiles sort them (see `percentiles`); above it they are partitioned.
 _SMALL = 1024
 
 

@@ -112,6 +112,10 @@ class SimEngine:
         self._decode_runs = not reference and (
             self._plain_passthrough or (replicas == 1 and type(self.replicas[0]) is not EngineReplica)
         )
+        # In an open loop a completion moves no client send unless a request waits for an in-flight slot
+        # (ClientDriver.on_done only counts it; release would send the waiting one now), so a decode run may go
+        # on past it (run_decode_steps' through_completions). A closed loop's client sends again after it.
+        self._runs_through_completions = (lambda: not self.clients.blocked) if plan.mode == "open" else None
         self._held = 0  # requests the policy holds
         self._policy_dirty = False  # something changed since the policy was last asked to release
 
@@ -422,6 +426,7 @@ class SimEngine:
         clients = self.clients
         replica = self.replicas[0]
         decode_runs = self._decode_runs
+        through_completions = self._runs_through_completions
         sampling = self.on_sample is not None
         while not self.finished:
             clients.release(self.clock)
@@ -435,7 +440,11 @@ class SimEngine:
                 not (
                     decode_runs
                     and replica.run_decode_steps(
-                        self.clock, clients.next_send_time(), until_s, self._next_sample_s if sampling else math.inf
+                        self.clock,
+                        clients.next_send_time(),
+                        until_s,
+                        self._next_sample_s if sampling else math.inf,
+                        through_completions=through_completions,
                     )
                 )
                 and not replica.step_once()

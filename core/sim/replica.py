@@ -41,40 +41,18 @@ from typing import Any
 
 import numpy as np
 
-from core.profile import Calibration, KnobsSpec, StallModel
+from core.profile import Calibration, KnobsSpec
 from core.records import RequestSpec
-from core.step_time import StepTimeModel, expected_accepted_tokens
+from core.sim.stalls import StallClock
+from core.step_time import DecodeStepCosts, StepTimeModel, expected_accepted_tokens
 
 NOISE_BLOCK = 65536
 # Step end times are stored in blocks of this many steps. A grown single array kept every outgrown buffer alive
 # (records' chunk times are views into it), about as much again as the times themselves.
 STEP_BLOCK = 1 << 16
-
-
-class StallClock:
-    """When the machine stalls (Calibration.stalls): Poisson arrivals over busy time, lognormal durations.
-
-    It draws from a stream of its own, spawned from the replica's, so a calibration with stalls changes no
-    other random draw of the run (acceptance, step noise) and runs with and without stalls stay comparable."""
-
-    __slots__ = ("_mean_gap_s", "_mu", "_rng", "_sigma", "_until_next_s")
-
-    def __init__(self, model: StallModel, rng: np.random.Generator) -> None:
-        self._rng = rng.spawn(1)[0]
-        self._mean_gap_s = 1.0 / model.rate_per_s
-        self._sigma = math.sqrt(math.log1p(model.cv * model.cv))
-        self._mu = math.log(model.mean_s) - 0.5 * self._sigma * self._sigma if model.mean_s > 0 else -math.inf
-        self._until_next_s = self._rng.exponential(self._mean_gap_s)
-
-    def stall_within(self, busy_s: float) -> float:
-        """The stall time that falls within the next `busy_s` seconds of engine work (usually 0)."""
-        self._until_next_s -= busy_s
-        stalled = 0.0
-        while self._until_next_s <= 0.0:
-            if self._mu > -math.inf:
-                stalled += float(self._rng.lognormal(self._mu, self._sigma))
-            self._until_next_s += self._rng.exponential(self._mean_gap_s)
-        return stalled
+# 0.0, 1.0, 2.0, ...: step counts for _run_chunks' emitted-token arithmetic, made once (a request's run is
+# usually shorter; a longer one makes its own).
+_STEP_COUNTS = np.arange(4096, dtype=np.float64)
 
 
 @dataclass(slots=True, eq=False)
@@ -157,7 +135,7 @@ class EngineReplica:
         self.kv_used = 0.0
         self._admit_seq = 0
         # run_decode_steps' per-term constants by the number of decoding requests (they depend on nothing else).
-        self._decode_terms: dict[int, list[tuple[float, float, float, float]]] = {}
+        self._decode_terms: dict[int, DecodeStepCosts] = {}
 
     # ------------------------------------------------------------ requests in
 
@@ -256,7 +234,15 @@ class EngineReplica:
         need = self._blocks(req.context + req.prompt_left + 1) - req.context
         return self.kv_used + need <= self.kv_capacity
 
-    def run_decode_steps(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> int:
+    def run_decode_steps(
+        self,
+        clock_floor: float,
+        send_s: float,
+        until_s: float,
+        sample_s: float,
+        *,
+        through_completions: Callable[[], bool] | None = None,
+    ) -> int:
         """Run, one after another, the engine steps that only decode and change nothing else; returns how many.
 
         Between two events (an arrival, a completion, a KV overflow, a prefill chunk) every step of this
@@ -267,23 +253,49 @@ class EngineReplica:
         A step runs only if it starts before `send_s` (the next client send: it would join the queue),
         its replica clock is before `until_s` (advance_until stops there), leaves the KV cache within
         capacity, and no waiting request could be admitted (that test is monotone here: the cache only
-        grows). The run ends with the step at the decode heap's earliest finish step: that step is the same
-        batch too, and its completions are handled here as step_once's tail does (a completion changes the
-        batch, so nothing more runs in this call). The steps also stop after the first one whose end reaches
-        `sample_s`, so the caller samples the engine exactly where step_once would."""
+        grows). A batch's run ends with the step at the decode heap's earliest finish step: that step is the
+        same batch too, and its completions are handled here as step_once's tail does. A completion changes
+        the batch, so the call returns there, unless `through_completions` says, asked after the completions,
+        that they moved no client send (an open loop with nobody waiting for an in-flight slot): then the next
+        batch runs on in this call if it passes every test the caller's next call would make (the sample,
+        send and until tests, decoding requests left, no admission now that the cache has room). The steps
+        also stop after the first one whose end reaches `sample_s`, so the caller samples the engine exactly
+        where step_once would."""
         if self.prefilling or not self.decoding or self._stalls is not None or self._admits_head():
             return 0
         heap = self.decode_heap
+        ran = 0
+        while True:
+            ran, completing = self._decode_batch_steps(clock_floor, send_s, until_s, sample_s, ran)
+            if not completing:
+                return ran
+            # The step that completes requests: step_once's tail (its KV check cannot fire: kv + rate fit).
+            step = self.step
+            while heap and heap[0][0] <= step:
+                _, _, req = heapq.heappop(heap)
+                if req.alive:
+                    self._complete(req, step)
+            self.step = step + 1
+            if through_completions is None or not through_completions():
+                return ran
+            # What the caller's loop would test before its next call (the sample first: it samples there).
+            now = self.clock if self.clock > clock_floor else clock_floor
+            if now >= sample_s or now >= send_s or self.clock >= until_s or not self.decoding or self._admits_head():
+                return ran
+
+    def _decode_batch_steps(
+        self, clock_floor: float, send_s: float, until_s: float, sample_s: float, ran: int
+    ) -> tuple[int, bool]:
+        """run_decode_steps' steps of one batch: (steps run so far, whether the last one completes requests).
+        On `True`, self.step is the completing step (not yet advanced past it)."""
+        heap = self.decode_heap
         first_finish = heap[0][0] if heap else math.inf
-        terms = self._decode_terms.get(self.decoding)
-        if terms is None:
-            width = self.width
-            tokens = self.decoding * (width + 1)
-            # step_time's sum, left to right: base + k_tok*tokens + k_ctx*context + k_spec*spec + k_seq*seqs.
-            terms = self._decode_terms[self.decoding] = [
-                (base + k_tok * tokens, k_ctx, k_spec * width, k_seq * self.decoding)
-                for base, k_tok, k_ctx, k_spec, k_seq in self.model.terms
-            ]
+        costs = self._decode_terms.get(self.decoding)
+        if costs is None:
+            costs = self._decode_terms[self.decoding] = self.model.decode_step_costs(self.decoding, self.width)
+        floor_s, varying, single = costs
+        if single is not None:
+            single_fixed, single_k_ctx, single_tail = single
         rate = self.decode_rate
         capacity = self.kv_capacity
         kv = self.kv_used
@@ -295,7 +307,6 @@ class EngineReplica:
         i = self._noise_i
         times = self.step_times
         base = self._block_base
-        ran = 0
         completing = False
         while (
             step <= first_finish
@@ -303,11 +314,15 @@ class EngineReplica:
             and (clock if clock > clock_floor else clock_floor) < send_s
             and kv + rate <= capacity
         ):
-            best = 0.0
-            for fixed, k_ctx, spec_part, seq_part in terms:
-                value = fixed + k_ctx * kv + spec_part + seq_part
-                if value > best:
-                    best = value
+            if single is not None:
+                value = single_fixed + single_k_ctx * kv + single_tail
+                best = value if value > floor_s else floor_s
+            else:
+                best = floor_s
+                for fixed, k_ctx, spec_part, seq_part in varying:
+                    value = fixed + k_ctx * kv + spec_part + seq_part
+                    if value > best:
+                        best = value
             if i >= NOISE_BLOCK:
                 self._noise = noise = self._noise_block()
                 i = 0
@@ -335,14 +350,7 @@ class EngineReplica:
         self.generated_tokens = generated
         self.step = step
         self._noise_i = i
-        if completing:
-            # The step that completes requests: step_once's tail (its KV check cannot fire: kv + rate fit).
-            while heap and heap[0][0] <= step:
-                _, _, req = heapq.heappop(heap)
-                if req.alive:
-                    self._complete(req, step)
-            self.step = step + 1
-        return ran
+        return ran, completing
 
     def step_once(self) -> bool:
         """Form one batch and execute it. Returns False when there was nothing to run."""
@@ -437,13 +445,17 @@ class EngineReplica:
         times = self._step_span(first, last_step)
         if req.tokens_per_step == 1.0:
             return times, None
-        steps = last_step - first
-        emitted = np.floor(np.arange(steps + 1) * req.tokens_per_step).astype(np.int64)
-        sizes = np.empty(steps + 1, dtype=np.int64)
-        sizes[0] = 1
-        sizes[1:] = np.diff(emitted)
-        # The last step emits only what was left (speculation may propose more than needed).
-        sizes[-1] -= int(sizes.sum()) - total_tokens
+        n = last_step - first + 1
+        # Tokens out by the end of decode step k: floor(k * rate) (an int64 arange times a float is the same
+        # float product; the cast truncates, which is floor for k >= 0), laid out after a -1 so that one
+        # subtraction gives the sizes, the prefill's token first (0 - -1). The last step emits only what was
+        # left (speculation may propose more than needed): the last entry is total - 1, so its size is the rest.
+        counts = _STEP_COUNTS[: n - 1] if n <= _STEP_COUNTS.size else np.arange(n - 1, dtype=np.float64)
+        emitted = np.empty(n + 1, dtype=np.int64)
+        emitted[0] = -1
+        emitted[1:n] = counts * req.tokens_per_step
+        emitted[n] = total_tokens - 1
+        sizes = emitted[1:] - emitted[:-1]
         return times, sizes
 
     def _complete(self, req: SimRequest, step: int) -> None:
