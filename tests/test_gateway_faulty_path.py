@@ -1,0 +1,146 @@
+"""What a faulty request costs the gateway (issue 25: requests no fault touched keep their fault-free latency).
+
+A fault that leaves the upstream connection whole (an HTTP error status, a stream that ends without [DONE],
+malformed or in-stream-error events, a slow reader or a trickle, a hold) must not cost a new upstream
+connection: each new one is a connect, a handshake and a first write on the gateway's one loop. A fault that
+breaks the connection costs exactly its replacement (a reset: also the one retry on a fresh connection,
+StaleConnectionRetry). The scheduling wakeup is armed once per moment, not once per arrival and completion.
+The faults are the soak's own (benchmarks/soak_faults.py), each carried out by its upstream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from benchmarks.soak_faults import FAULTS, HOLD_S, HOST, ScriptedFaults, Upstream, send_one
+from core.controller_api import ControlledRequest
+from core.gateway.admission import AdmissionController
+from core.gateway.server import Gateway
+from core.records import RequestSpec
+
+# Faults whose upstream answer ends as HTTP allows a reuse of its connection (no `refused`: it goes to the
+# dead port; no `rejected`/`deferred`/`held_hangup`: they never reach an upstream).
+CONNECTION_KEEPING = [
+    "status_429",
+    "status_500",
+    "status_503",
+    "truncated",
+    "malformed",
+    "stream_error",
+    "slow_reader",
+    "trickle",
+    "held",
+]
+# Faults that leave the connection broken (the upstream aborts it, or the gateway must close it mid-answer),
+# and how many upstream connections each may open: its own, plus the one fresh retry of a reset.
+CONNECTION_BREAKING = {"die": 1, "hang": 1, "hangup_early": 1, "reset": 2}
+
+
+class _CountingUpstream:
+    """The soak's misbehaving upstream behind a handler that records each request's client port: one port per
+    TCP connection the gateway opened (a port is not reused while its old connection lingers in TIME_WAIT)."""
+
+    def __init__(self) -> None:
+        self.ports: list[int] = []
+        self._faults = Upstream(on_served=lambda index, seconds: None)
+
+    async def start(self) -> str:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self._completions)
+        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, HOST, 0)
+        await site.start()
+        return f"http://{HOST}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        assert request.transport is not None
+        self.ports.append(request.transport.get_extra_info("peername")[1])
+        return await self._faults._completions(request)
+
+    def connections(self) -> int:
+        return len(set(self.ports))
+
+    async def stop(self) -> None:
+        await self._runner.cleanup()
+
+
+async def _through_gateway(faults: list[str], timeout_s: float = 0.5) -> tuple[_CountingUpstream, Gateway]:
+    """Send `faults` one after the other (each after the previous ended) through a gateway over the counting
+    upstream; the second upstream is a port where nothing listens, as in the soak."""
+    upstream = _CountingUpstream()
+    url = await upstream.start()
+    gateway = Gateway([url, f"http://{HOST}:9"], ScriptedFaults(), request_timeout_s=timeout_s, keep_decisions=False)
+    await gateway.start()
+    try:
+        async with aiohttp.ClientSession() as session:
+            for index, fault in enumerate(faults):
+                sent = await send_one(session, gateway.base_url, index, fault, wait_s=10.0)
+                assert sent.error is None or fault in ("hangup_early",), (fault, sent.error)
+                await gateway.settle(timeout_s=5.0)  # its handler ended, its connection released or closed
+        outcomes = gateway.stats.as_dict()
+        assert outcomes["received"] == len(faults)
+        assert outcomes["completed"] + outcomes["failed"] == len(faults)
+    finally:
+        await gateway.stop(grace_s=1.0)
+        await upstream.stop()
+    return upstream, gateway
+
+
+def test_faults_that_end_their_answer_cleanly_keep_the_upstream_connection() -> None:
+    async def scenario() -> None:
+        faults = ["none"] + [fault for fault in CONNECTION_KEEPING for _ in range(3)] + ["none"]
+        upstream, gateway = await _through_gateway(faults)
+        assert len(upstream.ports) == len(faults)
+        # One connection served them all, faults included (none of them is a reason to close it).
+        assert upstream.connections() == 1, list(zip(faults, upstream.ports, strict=True))
+        assert gateway.stats.failed == sum(FAULTS[fault][1] == "failed" for fault in faults)
+
+    asyncio.run(scenario())
+
+
+def test_a_fault_that_breaks_the_connection_costs_its_replacement_and_no_more() -> None:
+    async def scenario() -> None:
+        for fault, allowed in CONNECTION_BREAKING.items():
+            upstream, _ = await _through_gateway(["none", fault, "none", "none"])
+            # The first request's connection, then what the fault may open; the requests after it share one.
+            opened = upstream.connections() - 1
+            assert opened <= allowed, f"{fault}: {opened} upstream connections opened (at most {allowed})"
+            assert upstream.ports[-1] == upstream.ports[-2], f"{fault}: the requests after it did not share one"
+
+    asyncio.run(scenario())
+
+
+def _held(request_id: int, arrival_s: float) -> ControlledRequest:
+    spec = RequestSpec(request_id, 4, 8, arrival_s=arrival_s, task="held")
+    return ControlledRequest(spec, arrival_s=arrival_s)
+
+
+def test_the_wakeup_timer_is_armed_once_per_moment_not_once_per_pump() -> None:
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        controller = AdmissionController(["http://127.0.0.1:9"], ScriptedFaults())
+        armed: list[float] = []  # the delays of the timers the controller armed
+        call_later = loop.call_later
+
+        def counting_call_later(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+            if getattr(callback, "__self__", None) is controller:
+                armed.append(delay)
+            return call_later(delay, callback, *args)
+
+        loop.call_later = counting_call_later  # type: ignore[method-assign]
+        arrival = controller.now()
+        # Twenty requests arriving at one moment are due at one moment: each arrival pumps, one timer serves.
+        waits = [asyncio.ensure_future(controller.admit(_held(i, arrival), None)) for i in range(20)]
+        await asyncio.sleep(0)
+        assert len(armed) == 1 and controller.stats.held == 20
+        results = await asyncio.wait_for(asyncio.gather(*waits), timeout=HOLD_S + 5.0)
+        assert [action for action, _ in results] == ["release"] * 20
+        assert controller.stats.held == 0 and controller.stats.in_flight == 20
+        assert len(armed) == 1, armed  # it fired, and nothing was left to arm it for
+
+    asyncio.run(scenario())
