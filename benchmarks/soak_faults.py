@@ -10,6 +10,7 @@ import asyncio
 import heapq
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,12 +56,19 @@ FAULTS: dict[str, tuple[int, str]] = {
 UNTOUCHED = "none"  # the requests whose latency is compared with the fault-free run
 
 
+# `soak.py --one-fault NAME` sets it, and the client's and upstream's processes inherit it: a schedule of half
+# untouched requests and half that fault, to measure what one fault costs the gateway (docs/gateway.md).
+ONE_FAULT_ENV = "SOAK_ONE_FAULT"
+
+
 def draw_faults(count: int, seed: int, faulty: bool) -> list[str]:
-    """The seeded schedule: one fault per request (all `none` for the fault-free run)."""
+    """The seeded schedule: one fault per request (all `none` for the fault-free run; half `none`, half the one
+    fault when ONE_FAULT_ENV names one)."""
     if not faulty:
         return [UNTOUCHED] * count
-    names = list(FAULTS)
-    weights = np.array([FAULTS[name][0] for name in names], dtype=float)
+    one = os.environ.get(ONE_FAULT_ENV)
+    names = [UNTOUCHED, one] if one else list(FAULTS)
+    weights = np.ones(2) if one else np.array([FAULTS[name][0] for name in names], dtype=float)
     rng = np.random.default_rng(seed)
     return [names[i] for i in rng.choice(len(names), size=count, p=weights / weights.sum())]
 
