@@ -4,8 +4,9 @@ A fault that leaves the upstream connection whole (an HTTP error status, a strea
 malformed or in-stream-error events, a slow reader or a trickle, a hold) must not cost a new upstream
 connection: each new one is a connect, a handshake and a first write on the gateway's one loop. A fault that
 breaks the connection costs exactly its replacement (a reset: also the one retry on a fresh connection,
-StaleConnectionRetry). The scheduling wakeup is armed once per moment, not once per arrival and completion.
-The faults are the soak's own (benchmarks/soak_faults.py), each carried out by its upstream.
+StaleConnectionRetry). The scheduling wakeup is armed once per moment, not once per arrival and completion,
+and the soak's scripted mode, which runs in the gateway's process, answers a pump without reading the requests
+it holds for good. The faults are the soak's own (benchmarks/soak_faults.py), each carried out by its upstream.
 """
 
 from __future__ import annotations
@@ -144,3 +145,31 @@ def test_the_wakeup_timer_is_armed_once_per_moment_not_once_per_pump() -> None:
         assert len(armed) == 1, armed  # it fired, and nothing was left to arm it for
 
     asyncio.run(scenario())
+
+
+class _Unreadable:
+    """A request spec that fails when read: the scripted mode must not read what it holds for good."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the scripted mode read .{name} of a request it holds until the end")
+
+
+def test_the_scripted_mode_answers_a_pump_without_reading_what_it_holds_for_good() -> None:
+    """The gateway pumps the mode twice per request; the soak's mode holds its `deferred` and `held_hangup`
+    requests for the whole run (thousands at 100,000 requests), so it must not scan them on every pump."""
+    policy = ScriptedFaults()
+    forever = [_held(i, 0.0) for i in range(1000)]
+    for request in forever:
+        request.spec.task = "deferred"
+        assert policy.on_arrival(request, 0.0, []).action == "hold"
+        request.spec = _Unreadable()  # type: ignore[assignment]
+    timed = [_held(1000 + i, arrival) for i, arrival in enumerate([0.3, 0.1, 0.2])]
+    for request in timed:
+        policy.on_arrival(request, request.arrival_s, [])
+    policy.on_finish(timed[2], 0.25, [])  # its client hung up while it was held: never released
+    assert policy.next_wakeup(0.0) == 0.1 + HOLD_S
+    assert [r.request.request_id for r in policy.release(0.2 + HOLD_S, [])] == [1001]
+    assert policy.next_wakeup(0.2 + HOLD_S) == 0.3 + HOLD_S
+    assert [r.request.request_id for r in policy.release(0.3 + HOLD_S, [])] == [1000]
+    assert policy.next_wakeup(1.0) == float("inf") and len(policy.held) == 1000
+    assert len(policy.drain()) == 1000 and not policy.held
