@@ -12,6 +12,7 @@ it holds for good. The faults are the soak's own (benchmarks/soak_faults.py), ea
 from __future__ import annotations
 
 import asyncio
+import gc
 from typing import Any
 
 import aiohttp
@@ -173,3 +174,34 @@ def test_the_scripted_mode_answers_a_pump_without_reading_what_it_holds_for_good
     assert [r.request.request_id for r in policy.release(0.3 + HOLD_S, [])] == [1000]
     assert policy.next_wakeup(1.0) == float("inf") and len(policy.held) == 1000
     assert len(policy.drain()) == 1000 and not policy.held
+
+
+def test_a_failed_upstream_request_leaves_no_reference_cycle_to_the_garbage_collector() -> None:
+    """aiohttp's error, its traceback and the frames in it form a cycle only the collector frees; each
+    collection pauses the gateway's loop. The gateway unlinks a handled error from its traceback, so a
+    refused connection (no transport made: nothing else can cycle) leaves nothing behind."""
+
+    async def scenario() -> int:
+        upstream = _CountingUpstream()
+        url = await upstream.start()
+        gateway = Gateway([url, f"http://{HOST}:9"], ScriptedFaults(), keep_decisions=False)
+        await gateway.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                await send_one(session, gateway.base_url, 0, "refused", wait_s=10.0)  # warm: imports, caches
+                gc.collect()
+                gc.disable()
+                for index in range(1, 21):
+                    sent = await send_one(session, gateway.base_url, index, "refused", wait_s=10.0)
+                    assert sent.status == 502
+                cyclic = gc.collect()
+        finally:
+            gc.enable()
+            await gateway.stop(grace_s=1.0)
+            await upstream.stop()
+        assert gateway.stats.failed == 21
+        return cyclic
+
+    cyclic = asyncio.run(scenario())
+    print(f"objects in reference cycles after 20 refused requests: {cyclic}")
+    assert cyclic < 20, f"{cyclic} objects in reference cycles after 20 refused requests"
