@@ -42,41 +42,31 @@ CONNECTION_KEEPING = [
 CONNECTION_BREAKING = {"die": 1, "hang": 1, "hangup_early": 1, "reset": 2}
 
 
-class _CountingUpstream:
-    """The soak's misbehaving upstream behind a handler that records each request's client port: one port per
-    TCP connection the gateway opened (a port is not reused while its old connection lingers in TIME_WAIT)."""
+class _CountingUpstream(Upstream):
+    """The soak's misbehaving upstream, recording each request's client port: one port per TCP connection the
+    gateway opened (a port is not reused while its old connection lingers in TIME_WAIT)."""
 
     def __init__(self) -> None:
+        super().__init__(on_served=lambda index, seconds: None)
         self.ports: list[int] = []
-        self._faults = Upstream(on_served=lambda index, seconds: None)
-
-    async def start(self) -> str:
-        app = web.Application()
-        app.router.add_post("/v1/completions", self._completions)
-        self._runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, HOST, 0)
-        await site.start()
-        return f"http://{HOST}:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         assert request.transport is not None
         self.ports.append(request.transport.get_extra_info("peername")[1])
-        return await self._faults._completions(request)
+        return await super()._completions(request)
 
     def connections(self) -> int:
         return len(set(self.ports))
-
-    async def stop(self) -> None:
-        await self._runner.cleanup()
 
 
 async def _through_gateway(faults: list[str], timeout_s: float = 0.5) -> tuple[_CountingUpstream, Gateway]:
     """Send `faults` one after the other (each after the previous ended) through a gateway over the counting
     upstream; the second upstream is a port where nothing listens, as in the soak."""
     upstream = _CountingUpstream()
-    url = await upstream.start()
-    gateway = Gateway([url, f"http://{HOST}:9"], ScriptedFaults(), request_timeout_s=timeout_s, keep_decisions=False)
+    await upstream.start()
+    gateway = Gateway(
+        [upstream.url, f"http://{HOST}:9"], ScriptedFaults(), request_timeout_s=timeout_s, keep_decisions=False
+    )
     await gateway.start()
     try:
         async with aiohttp.ClientSession() as session:
@@ -183,8 +173,8 @@ def test_a_failed_upstream_request_leaves_no_reference_cycle_to_the_garbage_coll
 
     async def scenario() -> int:
         upstream = _CountingUpstream()
-        url = await upstream.start()
-        gateway = Gateway([url, f"http://{HOST}:9"], ScriptedFaults(), keep_decisions=False)
+        await upstream.start()
+        gateway = Gateway([upstream.url, f"http://{HOST}:9"], ScriptedFaults(), keep_decisions=False)
         await gateway.start()
         try:
             async with aiohttp.ClientSession() as session:
