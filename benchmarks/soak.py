@@ -1,7 +1,7 @@
 """Soak: many requests through the admission gateway over upstreams that misbehave on a seeded schedule.
 
     python benchmarks/soak.py [--requests 20000] [--rate 60] [--seed 0] [--max-seconds 600]
-        [--baseline-requests 3000] [--in-process] [--worker-cpus C,U]
+        [--baseline-requests 3000] [--in-process] [--worker-cpus C,U] [--one-fault FAULT]
 
 Three processes, on 127.0.0.1 only (benchmarks/soak_load.py): this one runs the gateway alone, as in
 production (core/gateway/server.py, the same `Gateway` the standalone server runs, with a port where nothing
@@ -9,7 +9,8 @@ listens as its second upstream); an aiohttp upstream that carries out each reque
 client (Poisson arrivals at `--rate`), each run in a process of its own that dies with this one (SIGKILL
 included). `--in-process` runs all three on one event loop, the soak's first form (the added latency then
 includes the time the client and the upstream took on that loop); `--worker-cpus` pins the client and the
-upstream to the given cores (pin this process with taskset).
+upstream to the given cores (pin this process with taskset); `--one-fault` gives half the requests that one
+fault and leaves the other half untouched (what one fault costs the gateway).
 
 Each request draws one fault from `FAULTS` (seeded; benchmarks/soak_faults.py): the upstream dies
 mid-stream, resets the connection, hangs without sending, truncates the stream or sends malformed events or
@@ -58,7 +59,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.soak_faults import HOST, UPSTREAM_TIMEOUT_S, ScriptedFaults, draw_faults
+from benchmarks.soak_faults import (
+    FAULTS,
+    HOST,
+    ONE_FAULT_ENV,
+    UNTOUCHED,
+    UPSTREAM_TIMEOUT_S,
+    ScriptedFaults,
+    draw_faults,
+)
 from benchmarks.soak_ledger import ErrorLogs, GatewayRecord, cpu_s, join, open_fds
 from benchmarks.soak_load import InProcessLoad, ProcessLoad
 from core.gateway.server import Gateway
@@ -346,7 +355,12 @@ def main(argv: list[str] | None = None) -> int:
         "--in-process", action="store_true", help="client and upstream on the gateway's event loop, not processes"
     )
     parser.add_argument("--worker-cpus", help="pin the client's and the upstream's processes to these cores: C,U")
+    parser.add_argument(
+        "--one-fault", choices=[name for name in FAULTS if name != UNTOUCHED], help="half the requests carry this fault"
+    )
     args = parser.parse_args(argv)
+    if args.one_fault:
+        os.environ[ONE_FAULT_ENV] = args.one_fault  # the workers draw the schedule too
     # Each deferred request holds a connection for the whole run (1,000 in 100,000 requests) in the gateway's
     # process and in the client's: the soft limit on descriptors (often 1,024) goes up to the hard one.
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)

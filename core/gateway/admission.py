@@ -157,6 +157,7 @@ class AdmissionController:
         self._paused: list[int] = []
         self._clock_zero = time.perf_counter()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf  # the policy's wakeup the timer is armed for
 
     def now(self) -> float:
         return time.perf_counter() - self._clock_zero
@@ -410,9 +411,18 @@ class AdmissionController:
 
     def _arm_timer(self, now: float) -> None:
         wakeup = self.policy.next_wakeup(now)
-        self.cancel_timer()
-        if math.isfinite(wakeup) and self._held:
-            self._timer = asyncio.get_running_loop().call_later(max(0.0, wakeup - now), self._pump)
+        if not (math.isfinite(wakeup) and self._held):
+            self.cancel_timer()
+        elif self._timer is None or wakeup != self._timer_at:
+            # Re-armed only when the moment changed: every arrival and completion pumps, and a new handle each
+            # time cost a cancel and a heap push, the cancelled handles piling up in the loop until their time.
+            self.cancel_timer()
+            self._timer_at = wakeup
+            self._timer = asyncio.get_running_loop().call_later(max(0.0, wakeup - now), self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None  # it fired: the next pump arms a new one
+        self._pump()
 
     def _defer_held(self, reason: str) -> int:
         drained = self.policy.drain()

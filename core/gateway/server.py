@@ -43,7 +43,7 @@ from core.gateway.protocol import (
     read_request_meta,
     sent_before_s,
 )
-from core.gateway.upstream import UpstreamClient, request_headers, response_headers
+from core.gateway.upstream import UpstreamClient, drop_tracebacks, request_headers, response_headers
 from core.profile import Profile, ProfileError
 from core.records import RequestSpec
 
@@ -271,6 +271,7 @@ class Gateway(AdmissionController):
             detail = exc if str(exc) else f"no complete answer within {self.request_timeout_s:g} s"
             url = self.upstreams[request.replica].url
             outcome, reason = "failed", f"upstream {url}: {type(exc).__name__}: {detail}"
+            drop_tracebacks(exc)  # frees what it holds now, not at the next garbage collection
             if response is not None:  # the stream broke after it began: the client sees it end early
                 return response
             return web.json_response(error_body(ERROR_UPSTREAM, reason, 502), status=502)
