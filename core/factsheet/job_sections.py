@@ -3,6 +3,8 @@ capacity's rates and the calibration's fit (render.py puts them right after the 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from core.factsheet.markdown_text import (
     UNKNOWN,
     num,
@@ -56,13 +58,16 @@ def tuning_section(f: Factsheet) -> list[str]:
     return lines
 
 
+def keys_in_order(mappings: Iterable[Iterable[str]]) -> list[str]:
+    """Every key of the rows' mappings once, in the order they first appear (a table's extra columns)."""
+    return list(dict.fromkeys(key for mapping in mappings for key in mapping))
+
+
 def compare_section(f: Factsheet) -> list[str]:
     compare = f.compare
     if compare is None:
         return []
-    tasks: list[str] = []
-    for row in compare.rows:
-        tasks.extend(task for task in row.slo_attainment_per_task if task not in tasks)
+    tasks = keys_in_order(row.slo_attainment_per_task for row in compare.rows)
     lines = [
         "## Compare",
         "",
@@ -124,9 +129,7 @@ def capacity_section(f: Factsheet) -> list[str]:
     capacity = f.capacity
     if capacity is None:
         return []
-    extra: list[str] = []
-    for row in capacity.rows:
-        extra.extend(key for key in row.other if key not in extra)
+    extra = keys_in_order(row.other for row in capacity.rows)
     baseline = capacity.rows[0].mode if capacity.rows else "the first"
     lines = [
         "## Capacity",
