@@ -173,12 +173,15 @@ def test_with_launched_servers_max_num_seqs_is_a_knob_and_a_failed_swap_rolls_th
     profile = _profile(concurrency_bounds=(4, 12), concurrency_step=4, max_num_seqs_bounds=(4, 16), max_num_seqs_step=4)
     pinned = {(n.concurrency, n.max_num_seqs) for n in online_space(profile).neighbours(OnlinePoint(8, 64, 0, False))}
     assert pinned == {(4, 64), (12, 64)}  # without --launch the server's flags (saber-w1: 64) stay as they are
-    space = online_space(profile, server_flags=True)
-    assert {(n.concurrency, n.max_num_seqs) for n in space.neighbours(OnlinePoint(8, 8, 0, False))} == {
-        (4, 8),
-        (12, 8),
-        (8, 4),
-        (8, 12),
+    space = online_space(profile, server_flags=True)  # with --launch, speculation on (at one width step) too
+    assert {
+        (n.concurrency, n.max_num_seqs, n.spec_width, n.spec_on) for n in space.neighbours(OnlinePoint(8, 8, 0, False))
+    } == {
+        (4, 8, 0, False),
+        (12, 8, 0, False),
+        (8, 4, 0, False),
+        (8, 12, 0, False),
+        (8, 8, 4, True),
     }
     events: list[dict[str, Any]] = []
     tuner = OnlineTuner(space, OnlinePoint(8, 8, 0, False), profile, SMALL, sink=events.append)

@@ -35,6 +35,10 @@ class TunerSpec(Strict):
     spec_width_bounds: tuple[Annotated[int, Field(ge=0)], Annotated[int, Field(ge=0, le=64)]] = (0, 16)
     spec_width_step: Annotated[int, Field(ge=1)] = 4
     spec_toggle: bool = True
+    # The online tuner with launched servers (`gateway --tune --launch`, issue 23) halves and doubles the
+    # server's max_num_batched_tokens within these bounds by replica swap; None keeps the profile's value (the
+    # default: each move restarts a vLLM, and the batch tuner does not move it either).
+    max_num_batched_tokens_bounds: tuple[Annotated[int, Field(ge=1)], Annotated[int, Field(ge=1)]] | None = None
     hw_weight_concurrency: Annotated[float, Field(ge=0)] = 0.01
     hw_weight_max_num_seqs: Annotated[float, Field(ge=0)] = 0.01
     hw_weight_spec_width: Annotated[float, Field(ge=0)] = 0.02
@@ -66,7 +70,9 @@ class TunerSpec(Strict):
 
     @model_validator(mode="after")
     def _ordered_bounds(self) -> TunerSpec:
-        for name in ("concurrency_bounds", "max_num_seqs_bounds", "spec_width_bounds"):
+        for name in ("concurrency_bounds", "max_num_seqs_bounds", "spec_width_bounds", "max_num_batched_tokens_bounds"):
+            if getattr(self, name) is None:
+                continue
             low, high = getattr(self, name)
             if low > high:
                 raise ValueError(f"{name}: lower bound {low} is above upper bound {high}")

@@ -10,8 +10,9 @@ are a handover (core/control/mode_switch.py): the old mode releases what it hold
 new one releases anything. So a knob change never drops, fails or reorders an admitted request. Each decision
 is a `tune_step` event on the gateway's event stream (JSON Lines on stdout in the standalone gateway).
 
-With `--launch` (the gateway started its vLLM, core/backends/launched_replicas.py) max_num_seqs is tuned
-too: a trial with another max_num_seqs is a replica swap, and its window starts once the old server has
+With `--launch` (the gateway started its vLLM, core/backends/launched_replicas.py) the server's flags are
+tuned too (max_num_seqs, speculation width and on/off, and max_num_batched_tokens where the profile bounds
+it): a trial with other flags is a replica swap, and its window starts once the old server has
 drained and stopped. An operator's swap (POST /gateway/swap) waits for no window: its point becomes the
 incumbent and the climb goes on from there. GET /gateway/tune shows the steps so far.
 """
@@ -43,6 +44,20 @@ def start_point(profile: Profile, space: OnlineSpace, mode: str = FCFS) -> Onlin
     return space.point(Point(cap, knobs.max_num_seqs, knobs.spec_width, knobs.spec_on), mode)
 
 
+def server_flags_to_change(knobs: KnobsSpec, point: OnlinePoint) -> dict[str, Any]:
+    """The server flags a replica swap must change so that servers running `knobs` run `point`: empty when the
+    point's server is the one running (speculation off at any width is one server, Point.config_key)."""
+    update: dict[str, Any] = {}
+    if knobs.max_num_seqs != point.max_num_seqs:
+        update["max_num_seqs"] = point.max_num_seqs
+    if knobs.effective_spec_width != point.effective_width:
+        update |= {"spec_on": point.spec_on, "spec_width": point.spec_width}
+    tokens = point.max_num_batched_tokens
+    if tokens is not None and knobs.max_num_batched_tokens != tokens:
+        update["max_num_batched_tokens"] = tokens
+    return update
+
+
 @dataclass(slots=True)
 class OnlineGatewayTuning:
     """A running online tune: the tuner, the policy it moves, and the timer task that polls it."""
@@ -50,7 +65,7 @@ class OnlineGatewayTuning:
     tuner: OnlineTuner
     policy: OnlinePolicy
     gateway: AdmissionController
-    replicas: LaunchedReplicas | None = None  # --launch: max_num_seqs moves too, by replica swap
+    replicas: LaunchedReplicas | None = None  # --launch: the server's flags move too, by replica swap
     task: asyncio.Task[None] | None = None
     swap: asyncio.Task[None] | None = None
     steps: list[Event] = field(default_factory=list)  # its tune_step events, for GET /gateway/tune
@@ -82,13 +97,24 @@ class OnlineGatewayTuning:
 
     async def operator_swap(self, update: dict[str, Any]) -> dict[str, Any]:
         """POST /gateway/swap while tuning: the replica swap the tuner uses; the new point becomes the incumbent
-        (ProfileError when its max_num_seqs is outside the tuner's range: the climb could not go on from it)."""
+        (ProfileError when a server flag is outside the tuner's range: the climb could not go on from it)."""
         assert self.replicas is not None
         knobs = self.replicas.edited_knobs(self.gateway, update)
-        point = replace(self.tuner.current, max_num_seqs=knobs.max_num_seqs)
-        if self.tuner.space.clamp(point) != point:
-            low, high = self.tuner.spec.max_num_seqs_bounds
-            raise ProfileError(f"max_num_seqs {knobs.max_num_seqs} is outside the online tuner's range {low}..{high}")
+        current = self.tuner.current
+        point = replace(
+            current,
+            max_num_seqs=knobs.max_num_seqs,
+            spec_width=knobs.spec_width,
+            spec_on=knobs.spec_on,
+            max_num_batched_tokens=None if current.max_num_batched_tokens is None else knobs.max_num_batched_tokens,
+        )
+        clamped = self.tuner.space.clamp(point)
+        if clamped != point:
+            name = next(n for n in ("max_num_seqs", "spec_width", "max_num_batched_tokens")
+                        if getattr(clamped, n) != getattr(point, n))  # fmt: skip
+            bounds = self.tuner.space.batched_tokens_bounds if name == "max_num_batched_tokens" else None
+            low, high = bounds or getattr(self.tuner.spec, f"{name}_bounds")
+            raise ProfileError(f"{name} {getattr(point, name)} is outside the online tuner's range {low}..{high}")
         if self.swap is not None:
             raise SwapRefused("the online tuner's replica swap is under way; ask again when it is done")
         swaps = self.replicas.swaps
@@ -106,9 +132,9 @@ class OnlineGatewayTuning:
             return
         self.apply(change)
         if self.replicas is not None:
-            knobs = self.replicas.current_knobs(self.gateway)
-            if knobs.max_num_seqs != change.max_num_seqs:
-                new = knobs.model_copy(update={"max_num_seqs": change.max_num_seqs})
+            update = server_flags_to_change(self.replicas.current_knobs(self.gateway), change)
+            if update:
+                new = self.replicas.current_knobs(self.gateway).model_copy(update=update)
                 self.swap = asyncio.get_running_loop().create_task(self._swap(new))
 
     def apply(self, point: OnlinePoint) -> None:

@@ -6,7 +6,10 @@ the scheduling mode and that mode's own knobs. Its neighbours (`OnlineSpace.neig
 N(K) (paper 000 sec. II-B) extended to the gateway's knobs:
 - the cap +-step, in fcfs only: the cap is how fcfs admits at the gateway (`ConcurrencyCapPolicy`); the other
   modes admit by their own rules, and the cap would only sit unused in their points;
-- max_num_seqs +-step, where the gateway launched its servers (a replica swap changes it);
+- the server's flags, where the gateway launched its servers (a replica swap changes them, issue 23 item 2):
+  max_num_seqs +-step, the speculation width +-step and speculation on/off as the batch tuner moves them
+  (within the profile's `tuner:` bounds), and max_num_batched_tokens halved and doubled within
+  `tuner.max_num_batched_tokens_bounds` when the profile sets them;
 - each of the mode's own knobs (`MODE_KNOBS`) halved and doubled within its bounds;
 - each other mode of `modes` (the operator's list; the start's mode alone by default), with its knobs as the
   profile sets them.
@@ -63,26 +66,37 @@ ONLINE_MODES = tuple(MODE_KNOBS)
 
 @dataclass(frozen=True, slots=True, order=True)
 class OnlinePoint(Point):
-    """A point of the online climb: the batch tuner's knobs, the scheduling mode, and the mode's own knobs."""
+    """A point of the online climb: the batch tuner's knobs, the scheduling mode, and the mode's own knobs; and
+    the server's max_num_batched_tokens where the climb moves it (else None: the server keeps its own)."""
 
     mode: str = FCFS
     mode_knobs: tuple[tuple[str, float], ...] = ()
+    max_num_batched_tokens: int | None = None
 
     def knobs_point(self) -> Point:
         return Point(self.concurrency, self.max_num_seqs, self.spec_width, self.spec_on)
 
     def with_knobs(self, point: Point) -> OnlinePoint:
         return OnlinePoint(
-            point.concurrency, point.max_num_seqs, point.spec_width, point.spec_on, self.mode, self.mode_knobs
+            point.concurrency,
+            point.max_num_seqs,
+            point.spec_width,
+            point.spec_on,
+            self.mode,
+            self.mode_knobs,
+            self.max_num_batched_tokens,
         )
 
     def as_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        return {**Point.as_dict(self), "mode": self.mode, "mode_knobs": dict(self.mode_knobs)}
+        tokens = {} if self.max_num_batched_tokens is None else {"max_num_batched_tokens": self.max_num_batched_tokens}
+        return {**Point.as_dict(self), **tokens, "mode": self.mode, "mode_knobs": dict(self.mode_knobs)}
 
     def key(self) -> str:
         """Short and unique, for a window's segment key."""
         knobs = "".join(f"-{name}{value:g}" for name, value in self.mode_knobs)
-        return f"c{self.concurrency or 'inf'}-s{self.max_num_seqs}-{self.mode}{knobs}"
+        server = f"-w{self.effective_width}" if self.effective_width else ""
+        server += "" if self.max_num_batched_tokens is None else f"-b{self.max_num_batched_tokens}"
+        return f"c{self.concurrency or 'inf'}-s{self.max_num_seqs}{server}-{self.mode}{knobs}"
 
 
 def mode_knob_values(profile: Profile, mode: str) -> tuple[tuple[str, float], ...]:
@@ -105,15 +119,17 @@ def check_online_modes(modes: tuple[str, ...]) -> None:
 
 def online_knob_space(profile: Profile, *, server_flags: bool = False) -> KnobSpace:
     """The batch tuner's knobs the gateway owns: the concurrency cap, within the profile's tuner bounds and step;
-    with `server_flags` (the gateway launched its servers, so it can swap one for another) max_num_seqs too.
-    Otherwise max_num_seqs, and speculation always, are pinned to the profile's values (no neighbour moves them)."""
+    with `server_flags` (the gateway launched its servers, so it can swap one for another) max_num_seqs and
+    speculation too, within the profile's tuner bounds. Otherwise both are pinned to the profile's values (no
+    neighbour moves them)."""
     knobs = profile.knobs
-    update: dict[str, Any] = {
-        "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
-        "spec_toggle": False,
-    }
+    update: dict[str, Any] = {}
     if not server_flags:
-        update["max_num_seqs_bounds"] = (knobs.max_num_seqs, knobs.max_num_seqs)
+        update = {
+            "max_num_seqs_bounds": (knobs.max_num_seqs, knobs.max_num_seqs),
+            "spec_width_bounds": (knobs.spec_width, knobs.spec_width),
+            "spec_toggle": False,
+        }
     spec = profile.tuner.model_copy(update=update)
     return KnobSpace(spec, open_loop=False)
 
@@ -125,6 +141,7 @@ class OnlineSpace:
     knobs: KnobSpace
     profile: Profile
     modes: tuple[str, ...] = (FCFS,)
+    server_flags: bool = False  # the gateway launched its servers: a replica swap changes their flags
 
     def __post_init__(self) -> None:
         check_online_modes(self.modes)
@@ -133,14 +150,25 @@ class OnlineSpace:
     def spec(self):  # type: ignore[no-untyped-def]
         return self.knobs.spec
 
+    @property
+    def batched_tokens_bounds(self) -> tuple[int, int] | None:
+        """max_num_batched_tokens' range when the climb moves it (launched servers and bounds in the profile)."""
+        return self.spec.max_num_batched_tokens_bounds if self.server_flags else None
+
     def point(self, knobs: Point, mode: str) -> OnlinePoint:
-        """`knobs` in `mode`, with the mode's knobs as the profile sets them."""
+        """`knobs` in `mode`, with the mode's knobs as the profile sets them (and the profile's
+        max_num_batched_tokens where the climb moves it)."""
         check_online_modes((mode,))
+        tokens = self.profile.knobs.max_num_batched_tokens if self.batched_tokens_bounds is not None else None
         return self.clamp(OnlinePoint(knobs.concurrency, knobs.max_num_seqs, knobs.spec_width, knobs.spec_on, mode,
-                                      mode_knob_values(self.profile, mode)))  # fmt: skip
+                                      mode_knob_values(self.profile, mode), tokens))  # fmt: skip
 
     def clamp(self, point: OnlinePoint) -> OnlinePoint:
-        return point.with_knobs(self.knobs.clamp(point.knobs_point()))
+        clamped = point.with_knobs(self.knobs.clamp(point.knobs_point()))
+        bounds = self.batched_tokens_bounds
+        if bounds is None or point.max_num_batched_tokens is None:
+            return replace(clamped, max_num_batched_tokens=None)
+        return replace(clamped, max_num_batched_tokens=min(bounds[1], max(bounds[0], point.max_num_batched_tokens)))
 
     def neighbours(self, point: OnlinePoint) -> list[OnlinePoint]:
         base = point.knobs_point()
@@ -153,13 +181,18 @@ class OnlineSpace:
         for knob in MODE_KNOBS[point.mode]:
             for moved in knob.moves(values[knob.name]):
                 result.append(replace(point, mode_knobs=tuple({**values, knob.name: moved}.items())))
-        result += [self.point(base, mode) for mode in self.modes if mode != point.mode]
+        tokens = point.max_num_batched_tokens
+        if self.batched_tokens_bounds is not None and tokens is not None:
+            batched = ModeKnob("knobs", "max_num_batched_tokens", self.batched_tokens_bounds)
+            result += [replace(point, max_num_batched_tokens=int(moved)) for moved in batched.moves(tokens)]
+        result += [replace(self.point(base, mode), max_num_batched_tokens=tokens) for mode in self.modes
+                   if mode != point.mode]  # fmt: skip
         return result
 
 
 def online_space(profile: Profile, *, server_flags: bool = False, modes: tuple[str, ...] = (FCFS,)) -> OnlineSpace:
     """The online tuner's space for `profile`: see `online_knob_space` and `OnlineSpace`."""
-    return OnlineSpace(online_knob_space(profile, server_flags=server_flags), profile, modes)
+    return OnlineSpace(online_knob_space(profile, server_flags=server_flags), profile, modes, server_flags)
 
 
 def build_policy(
