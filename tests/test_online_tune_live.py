@@ -184,8 +184,12 @@ MODE_CAP = 1
 # The SLO: one request's latency alone x this. Behind cap 1 the six clients' requests take about 6x, so fcfs
 # misses it with most requests; SLOs-Serve releases them into vLLM's batch of 8 (about 1.5-2x when measured).
 MODE_SLO_FACTOR = 3.0
-MODE_THINK_S = 0.05
-MODE_WINDOW = ("16", "5")  # --tune-window REQUESTS SECONDS: a comparison takes about 15 s
+# Each client waits an exponential time of this mean between requests: it keeps their completions apart. With
+# a fixed 0.05 s they stayed in step (SLOs-Serve released them together, they ended together), so a slice of a
+# window could last a millisecond, its goodput read thousands of requests a second, and the noise of a
+# comparison came out 197 points (run 4 of 2026-11-26: 8 pairs inside it, 266 s).
+MODE_THINK_S = 0.2
+MODE_WINDOW = ("24", "5")  # --tune-window REQUESTS SECONDS: 3 requests per slice of the batch means
 MODE_LOAD_LIMIT_S = 150.0  # stop the load after this long, or once the events show what the test needs
 AUDIT_S = 0.1
 
@@ -200,11 +204,12 @@ def _modes_profile_file(tmp_path: Path, slo_s: float) -> Path:
     return path
 
 
-async def _closed_loop(url: str, model: str, stop: asyncio.Event, statuses: list[int]) -> None:
+async def _closed_loop(url: str, model: str, stop: asyncio.Event, statuses: list[int], seed: int) -> None:
+    rng = np.random.default_rng(seed)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
         while not stop.is_set():
             statuses.append(await _one(session, url, model))
-            await asyncio.sleep(MODE_THINK_S)
+            await asyncio.sleep(float(rng.exponential(MODE_THINK_S)))
 
 
 async def _audit(url: str, stop: asyncio.Event, audits: list[dict[str, Any]]) -> None:
@@ -281,7 +286,9 @@ def test_online_tune_switches_modes_in_front_of_a_real_vllm_and_fails_nothing(tm
                 reader = asyncio.create_task(_read_events(gateway.stdout, events))
                 stop = asyncio.Event()
                 auditor = asyncio.create_task(_audit(url, stop, audits))
-                clients = [asyncio.create_task(_closed_loop(url, model, stop, statuses)) for _ in range(MODE_CLIENTS)]
+                clients = [
+                    asyncio.create_task(_closed_loop(url, model, stop, statuses, i)) for i in range(MODE_CLIENTS)
+                ]
                 deadline = time.perf_counter() + MODE_LOAD_LIMIT_S
                 while time.perf_counter() < deadline and not _enough(events, audits):
                     await asyncio.sleep(0.5)
