@@ -9,8 +9,8 @@ a large effect even on a busy 2-core machine. Asserted: the tuner moves the cap 
 the gateway's stdout with `moved` true toward a larger cap), no request fails, and the gateway's final
 account closes (received = completed + rejected + deferred + failed, none failed, none open).
 
-The second test tunes the mode (`--tune-modes fcfs slos-serve`, the cap pinned at 1) under six closed-loop
-clients: the first trial is a handover from fcfs to SLOs-Serve with five requests queued at the gateway.
+The second test tunes the mode (`--tune-modes fcfs slos-serve`, the cap pinned at 1) under four closed-loop
+clients: the first trial is a handover from fcfs to SLOs-Serve with requests queued at the gateway.
 Asserted: the climb moves to SLOs-Serve (a large effect: behind cap 1 the requests wait out each other's
 service), the mode in force read from outside changes at least twice, every step's knobs, trial and
 incumbent carry `mode` and `mode_knobs`, no request fails, and the account closes at every audit (every
@@ -176,20 +176,22 @@ def test_online_tune_moves_the_cap_toward_the_better_value_on_a_real_vllm(tmp_pa
 # ---------------------------------------------------------------------------------------------- modes, live
 # `--tune --tune-modes fcfs slos-serve` in front of the real vLLM. The cap is pinned (bounds [1, 1]), so the
 # only neighbour of the start (fcfs behind cap 1) is SLOs-Serve: the first trial is a mode handover, with
-# requests queued at the gateway to hand over (6 closed-loop clients, 5 of them waiting behind the cap). A
+# requests queued at the gateway to hand over (4 closed-loop clients, up to 3 waiting behind the cap). A
 # closed loop keeps the load steady on a machine whose speed changes under other work, and every window's
 # slices have completions, so the noise is measured (an open loop at cap 1 made it unbounded, above).
-MODE_CLIENTS = 6
+MODE_CLIENTS = 4
 MODE_CAP = 1
-# The SLO: one request's latency alone x this. Behind cap 1 the six clients' requests take about 6x, so fcfs
-# misses it with most requests; SLOs-Serve releases them into vLLM's batch of 8 (about 1.5-2x when measured).
+# The SLO: one request's latency alone x this. Behind cap 1 the clients' requests wait out each other's service
+# (about 4x), so fcfs misses it with most; SLOs-Serve releases them into vLLM's batch of 8 (about 1.2-2x).
 MODE_SLO_FACTOR = 3.0
-# Each client waits an exponential time of this mean between requests: it keeps their completions apart. With
-# a fixed 0.05 s they stayed in step (SLOs-Serve released them together, they ended together), so a slice of a
-# window could last a millisecond, its goodput read thousands of requests a second, and the noise of a
-# comparison came out 197 points (run 4 of 2026-11-26: 8 pairs inside it, 266 s).
-MODE_THINK_S = 0.2
-MODE_WINDOW = ("24", "5")  # --tune-window REQUESTS SECONDS: 3 requests per slice of the batch means
+MODE_THINK_S = 0.1  # each client waits an exponential time of this mean between requests
+# --tune-window REQUESTS SECONDS. A window's noise is batch means over 8 slices of its requests by end time
+# (core/tune/online.py); a slice's goodput is its requests over its span. SLOs-Serve releases the clients'
+# requests together and vLLM ends them together, so a slice of no more requests than there are clients can
+# span a millisecond and read thousands of requests a second (3 a slice, six clients: noises of 161 and 197
+# points in two runs of 2026-11-26, 8 pairs inside them, 266-275 s). With more requests a slice than clients,
+# some client ended two requests in it, so it spans at least one request's latency.
+MODE_WINDOW = (str(8 * (MODE_CLIENTS + 1)), "5")
 MODE_LOAD_LIMIT_S = 150.0  # stop the load after this long, or once the events show what the test needs
 AUDIT_S = 0.1
 
@@ -327,8 +329,8 @@ def test_online_tune_switches_modes_in_front_of_a_real_vllm_and_fails_nothing(tm
     assert _handovers(steps), steps
     assert len(changes) >= 2, changes
     assert "fcfs" in modes_seen and "slos-serve" in modes_seen[modes_seen.index("fcfs") :], sorted(set(modes_seen))
-    # The large effect: behind cap 1, five of the six clients' requests wait at the gateway; SLOs-Serve releases
-    # them into vLLM's batch of 8. The climb moved to it.
+    # The large effect: behind cap 1 the clients' requests wait at the gateway for each other; SLOs-Serve
+    # releases them into vLLM's batch of 8. The climb moved to it.
     assert _moved_to_slos_serve(steps), steps
     # Each step says the incumbent (after it) with its mode and the mode's own knobs.
     for s in steps:
