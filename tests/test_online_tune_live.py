@@ -30,6 +30,7 @@ import signal
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -117,48 +118,75 @@ async def _read_events(stream: asyncio.StreamReader, events: list[dict[str, Any]
             events.append(json.loads(line))
 
 
-def test_online_tune_moves_the_cap_toward_the_better_value_on_a_real_vllm(tmp_path: Path) -> None:
-    server = VllmBackend(SERVER, KNOBS, python=VLLM_PYTHON, metrics_interval_s=None)
+def _run_in_front_of_vllm(
+    profile_for: Callable[[float], Path],
+    gateway_args: list[str],
+    drive: Callable[[str, str, float], Awaitable[None]],
+    events: list[dict[str, Any]],
+) -> float:
+    """Start vLLM, measure one request's latency alone, start `slo-console gateway --profile
+    profile_for(latency) --upstream VLLM --port 0 *gateway_args` as its own process, `drive(gateway_url, model,
+    latency)`, then SIGTERM the gateway and stop vLLM, and check that vLLM's process group is gone. The
+    gateway's JSON events go to `events`. Returns the latency."""
     pids: list[int] = []
+    latency = asyncio.run(_gateway_in_front_of_vllm(profile_for, gateway_args, drive, events, pids))
+    for pid in pids:
+        assert group_members(pid) == [], f"vLLM process group {pid} left running"
+    return latency
+
+
+async def _gateway_in_front_of_vllm(
+    profile_for: Callable[[float], Path],
+    gateway_args: list[str],
+    drive: Callable[[str, str, float], Awaitable[None]],
+    events: list[dict[str, Any]],
+    pids: list[int],
+) -> float:
+    server = VllmBackend(SERVER, KNOBS, python=VLLM_PYTHON, metrics_interval_s=None)
+    await server.start()
+    try:
+        assert server.server.process is not None
+        pids.append(server.server.process.pid)
+        upstream = server.base_url
+        async with aiohttp.ClientSession() as session:
+            async with session.get(upstream + "/v1/models") as response:
+                model = (await response.json())["data"][0]["id"]
+            latency = await _alone_latency(session, upstream, model)
+        gateway = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "console", "gateway", "--profile", str(profile_for(latency)),
+            "--upstream", upstream, "--port", "0", *gateway_args,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            assert gateway.stderr is not None and gateway.stdout is not None
+            line = (await asyncio.wait_for(gateway.stderr.readline(), 60)).decode()
+            found = re.search(r"serving on (http://\S+)", line)
+            assert found, line
+            reader = asyncio.create_task(_read_events(gateway.stdout, events))
+            await drive(found.group(1), model, latency)
+        finally:
+            if gateway.returncode is None:
+                gateway.send_signal(signal.SIGTERM)
+            await asyncio.wait_for(gateway.wait(), 60)
+        await asyncio.wait_for(reader, 10)
+        return latency
+    finally:
+        await server.stop()
+
+
+def test_online_tune_moves_the_cap_toward_the_better_value_on_a_real_vllm(tmp_path: Path) -> None:
     events: list[dict[str, Any]] = []
     statuses: list[int] = []
 
-    async def scenario() -> float:
-        await server.start()
-        try:
-            assert server.server.process is not None
-            pids.append(server.server.process.pid)
-            upstream = server.base_url
-            async with aiohttp.ClientSession() as session:
-                async with session.get(upstream + "/v1/models") as response:
-                    model = (await response.json())["data"][0]["id"]
-                latency = await _alone_latency(session, upstream, model)
-            profile = _profile_file(tmp_path, SLO_FACTOR * latency)
-            gateway = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "console", "gateway", "--profile", str(profile), "--upstream", upstream,
-                "--port", "0", "--tune", "--max-queue", str(MAX_QUEUE), "--tune-window", "24", "6",
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            try:
-                assert gateway.stderr is not None and gateway.stdout is not None
-                line = (await asyncio.wait_for(gateway.stderr.readline(), 60)).decode()
-                found = re.search(r"serving on (http://\S+)", line)
-                assert found, line
-                reader = asyncio.create_task(_read_events(gateway.stdout, events))
-                rate = min(MAX_RATE, OVERLOAD / latency)
-                await _load(found.group(1), model, rate, events, statuses)
-            finally:
-                if gateway.returncode is None:
-                    gateway.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(gateway.wait(), 60)
-            await asyncio.wait_for(reader, 10)
-            return latency
-        finally:
-            await server.stop()
+    async def drive(url: str, model: str, latency: float) -> None:
+        await _load(url, model, min(MAX_RATE, OVERLOAD / latency), events, statuses)
 
-    latency = asyncio.run(scenario())
-    for pid in pids:
-        assert group_members(pid) == [], f"vLLM process group {pid} left running"
+    latency = _run_in_front_of_vllm(
+        lambda latency: _profile_file(tmp_path, SLO_FACTOR * latency),
+        ["--tune", "--max-queue", str(MAX_QUEUE), "--tune-window", "24", "6"],
+        drive,
+        events,
+    )
     steps = [e for e in events if e["event"] == "tune_step"]
     print(
         f"one request alone {latency:.3f} s; {len(statuses)} sent; steps: "
@@ -255,60 +283,28 @@ def _moved_to_slos_serve(steps: list[dict[str, Any]]) -> bool:
 
 
 def test_online_tune_switches_modes_in_front_of_a_real_vllm_and_fails_nothing(tmp_path: Path) -> None:
-    server = VllmBackend(SERVER, KNOBS, python=VLLM_PYTHON, metrics_interval_s=None)
-    pids: list[int] = []
     events: list[dict[str, Any]] = []
     statuses: list[int] = []
     audits: list[dict[str, Any]] = []
     final: dict[str, Any] = {}
 
-    async def scenario() -> float:
-        await server.start()
-        try:
-            assert server.server.process is not None
-            pids.append(server.server.process.pid)
-            upstream = server.base_url
-            async with aiohttp.ClientSession() as session:
-                async with session.get(upstream + "/v1/models") as response:
-                    model = (await response.json())["data"][0]["id"]
-                latency = await _alone_latency(session, upstream, model)
-            profile = _modes_profile_file(tmp_path, MODE_SLO_FACTOR * latency)
-            gateway = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "console", "gateway", "--profile", str(profile), "--upstream", upstream,
-                "--port", "0", "--mode", "fcfs", "--tune", "--tune-modes", "fcfs", "slos-serve",
-                "--tune-window", *MODE_WINDOW,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-            )  # fmt: skip
-            try:
-                assert gateway.stderr is not None and gateway.stdout is not None
-                line = (await asyncio.wait_for(gateway.stderr.readline(), 60)).decode()
-                found = re.search(r"serving on (http://\S+)", line)
-                assert found, line
-                url = found.group(1)
-                reader = asyncio.create_task(_read_events(gateway.stdout, events))
-                stop = asyncio.Event()
-                auditor = asyncio.create_task(_audit(url, stop, audits))
-                clients = [
-                    asyncio.create_task(_closed_loop(url, model, stop, statuses, i)) for i in range(MODE_CLIENTS)
-                ]
-                deadline = time.perf_counter() + MODE_LOAD_LIMIT_S
-                while time.perf_counter() < deadline and not _enough(events, audits):
-                    await asyncio.sleep(0.5)
-                stop.set()
-                await asyncio.gather(*clients, auditor)
-                final.update(await _settled_stats(url))
-            finally:
-                if gateway.returncode is None:
-                    gateway.send_signal(signal.SIGTERM)
-                await asyncio.wait_for(gateway.wait(), 60)
-            await asyncio.wait_for(reader, 10)
-            return latency
-        finally:
-            await server.stop()
+    async def drive(url: str, model: str, latency: float) -> None:
+        stop = asyncio.Event()
+        auditor = asyncio.create_task(_audit(url, stop, audits))
+        clients = [asyncio.create_task(_closed_loop(url, model, stop, statuses, i)) for i in range(MODE_CLIENTS)]
+        deadline = time.perf_counter() + MODE_LOAD_LIMIT_S
+        while time.perf_counter() < deadline and not _enough(events, audits):
+            await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.gather(*clients, auditor)
+        final.update(await _settled_stats(url))
 
-    latency = asyncio.run(scenario())
-    for pid in pids:
-        assert group_members(pid) == [], f"vLLM process group {pid} left running"
+    latency = _run_in_front_of_vllm(
+        lambda latency: _modes_profile_file(tmp_path, MODE_SLO_FACTOR * latency),
+        ["--mode", "fcfs", "--tune", "--tune-modes", "fcfs", "slos-serve", "--tune-window", *MODE_WINDOW],
+        drive,
+        events,
+    )
     steps = [e for e in events if e["event"] == "tune_step"]
     changes = _changes(audits)
     modes_seen = [a["in_force"][0] for a in audits]
