@@ -19,10 +19,11 @@ from core.records import RequestRecord, RequestSLO, RequestSpec, Status
 from core.sim.engine import SimEngine
 from core.tune.hillclimb import StepRecord
 from core.tune.knobspace import Point
-from core.tune.online import OnlineSettings, OnlineTuner
+from core.tune.online import OnlineSettings, OnlineTuner, Window
 from core.tune.online_gateway import attach_online_tuner
 from core.tune.online_sim import goodput_between, run_online, run_static
 from core.tune.online_space import OnlinePoint, online_space
+from core.tune.score import Segment
 from core.workload import build_load_plan
 from tests.fakeserver import FakeOpenAIServer, StreamReply
 from tests.test_gateway import assert_accounted, completion, post, until
@@ -279,3 +280,27 @@ def test_a_noise_that_cannot_be_measured_doubles_the_windows_instead_of_taking_m
     assert math.isinf(tuner.windows[0].score_se)
     assert tuner.window_requests == 2 * SMALL.window_requests
     assert tuner.incumbent.concurrency == 8, [(s.point.concurrency, s.reason) for s in tuner.steps]
+
+
+def test_a_move_down_the_goodput_needs_the_obrien_fleming_boundary_before_the_last_pair() -> None:
+    """`obrien_fleming_down`: a trial that scores higher by 2 standard errors of the difference but whose windows
+    measured a lower goodput is measured again (it needs sqrt(8) of them on the first pair); one whose goodput
+    is higher moves at once, and without the setting both move at once (z = 1)."""
+    profile = _profile(concurrency_bounds=(4, 12), concurrency_step=4)
+    space = online_space(profile)
+    start, trial = OnlinePoint(8, 64, 0, False), OnlinePoint(12, 64, 0, False)
+
+    def window(point: OnlinePoint, score: float, goodput: float) -> Window:
+        segment = Segment(key="w", point=point, phase="online", step=1, score=score, goodput_rps=goodput, p99_s=30.0)
+        return Window(0, point, segment, 1.0, 0.0, 60.0, 0.0, 200)
+
+    def decide(down_rule: bool, trial_goodput: float) -> OnlineTuner:
+        settings = OnlineSettings(obrien_fleming_down=down_rule)
+        tuner = OnlineTuner(space, start, profile, settings)
+        tuner._incumbent_windows = [window(start, -80.0, 1.9)]
+        tuner._after_trial_window(window(trial, -80.0 + 2 * math.sqrt(2), trial_goodput))
+        return tuner
+
+    assert decide(True, 1.8).steps == [] and decide(True, 1.8).current == start  # inside: measured again
+    assert decide(True, 2.0).incumbent == trial  # up the goodput: z, as before
+    assert decide(False, 1.8).incumbent == trial  # the rule off: z

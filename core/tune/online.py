@@ -100,6 +100,11 @@ class OnlineSettings:
     # (incumbent, trial) window pairs a comparison may take while it stays inside the noise: 8 pairs of 200
     # requests measure each point on 1600, the length the doubled windows reached on saber-w1 (docs/gateway.md)
     max_pairs: int = 8
+    # A move to a trial whose windows measured a lower goodput than the incumbent's needs, before the last pair,
+    # a gain beyond z x sqrt(max_pairs / pairs) standard errors (O'Brien and Fleming's group-sequential boundary,
+    # Biometrics 35(3), 1979); other moves and every rollback need z. Aimed at the false moves down the plateau
+    # that a single pair made at z = 1 (seed 8: 32 -> 24 three times; docs/gateway.md). False: z for all.
+    obrien_fleming_down: bool = False
 
     def __post_init__(self) -> None:
         if self.window_requests < self.batches * 2:
@@ -364,12 +369,13 @@ class OnlineTuner:
         noise = self.settings.z * math.hypot(inc_se, trial_se)
         gain = trial_score - inc_score if math.isfinite(trial_score) and math.isfinite(inc_score) else math.nan
         pairs = len(self._trial_windows)
-        if math.isfinite(gain) and abs(gain) <= noise < math.inf and pairs < self.settings.max_pairs:
+        to_move = noise * math.sqrt(self.settings.max_pairs / pairs) if self._down(trial) else noise
+        if math.isfinite(gain) and -noise <= gain <= to_move and noise < math.inf and pairs < self.settings.max_pairs:
             # Inside the noise: measure both again (incumbent, then trial) and decide on the pooled windows.
             self.current = self.incumbent
             return
         inc_p99 = float(np.mean([w.segment.p99_s for w in self._incumbent_windows]))
-        moved, reason = move_decision(inc_score, trial_score, inc_p99, self.slo_s, max(self.spec.min_gain, noise))
+        moved, reason = move_decision(inc_score, trial_score, inc_p99, self.slo_s, max(self.spec.min_gain, to_move))
         if math.isfinite(gain) and abs(gain) <= noise:
             # Still inside the noise after max_pairs: nothing shows the trial is better, so the incumbent stays
             # (and, under the old rule, the windows double). An unbounded noise (a slice of a window with no
@@ -424,6 +430,14 @@ class OnlineTuner:
                 self._quiet_rounds += 1
                 self._hold_left = self.settings.hold_windows * 2 ** min(self._quiet_rounds - 1, MAX_HOLD_DOUBLINGS)
         self._emit(record, noise, trial)
+
+    def _down(self, trial: Window) -> bool:
+        """Does the comparison under way move down the goodput (`obrien_fleming_down`)? The trial's windows
+        measured a lower mean goodput than the incumbent's."""
+        if not self.settings.obrien_fleming_down:
+            return False
+        inc = [w.segment.goodput_rps for w in self._incumbent_windows]
+        return float(np.mean([w.segment.goodput_rps for w in self._trial_windows])) < float(np.mean(inc))
 
     def _emit(self, record: StepRecord, noise: float, trial: Window) -> None:
         paused_s, held = self._paused_s, self._held
