@@ -130,6 +130,16 @@ class PlainDecodePlanner(StepPlanner, Protocol):
         have updated."""
         ...
 
+    def plain_prefill_check(
+        self, replica: StepReplicaView
+    ) -> tuple[list[StepRequest], Callable[[float, float], int | None]] | None:
+        """Asked with requests prefilling (optional too). None, or (order, prefill_tokens): `prefill_tokens(kv_used,
+        now)` returning T promises that `plan`, asked at clock `now` with `kv_used` KV tokens in use and the
+        prefilling requests' prompts as they then stand, gives every decoding request one position and the
+        requests in `order` T prompt tokens, each in turn as much as it has left, and nothing else (no
+        admission, preemption or speculation); None: no promise for that step."""
+        ...
+
 
 def draw_accepted(rng: np.random.Generator, acceptance: float, drafted: int) -> int:
     """Left-to-right verification of `drafted` tokens at per-token acceptance `acceptance`: the accepted

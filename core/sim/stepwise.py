@@ -20,6 +20,7 @@ planner that batches like vLLM reproduces the fast path's timelines (tests/test_
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -153,29 +154,42 @@ class StepwiseReplica(EngineReplica):
         return True
 
     def run_decode_steps(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> int:
-        """Run, one after another, the plain decode steps the planner promises (PlainDecodePlanner in
-        core/step_planner_api.py: every decoding request verifying one position, nothing else); returns how
-        many. The engine's contract is EngineReplica.run_decode_steps': a step runs only if it starts before
-        `send_s` (the next send or policy wakeup) and `until_s`, and the steps stop after the first whose end
-        reaches `sample_s`. Each step is priced and timed as step_once does it (the same calls: noise, stalls,
-        the step's end time), but without asking the planner for a plan or touching each request: their
-        token timelines are brought up to date once, at the end. The stretch ends with the step that completes
-        a request (its completions are handled as step_once's tail does: they change the batch), before a
-        step that would overflow the KV cache (step_once runs that one and its preemptions), and before a
-        step where the planner's check says its plan would be another batch."""
+        """Run, one after another, the steps the planner promises without a plan (PlainDecodePlanner in
+        core/step_planner_api.py: every decoding request verifying one position, and with requests prefilling,
+        their chunks in the planner's order, nothing admitted or preempted); returns how many. The engine's
+        contract is EngineReplica.run_decode_steps': a step runs only if it starts before `send_s` (the next
+        send or policy wakeup) and `until_s`, and the steps stop after the first whose end reaches `sample_s`.
+        Each step is priced and timed as step_once does it (the same calls: noise, stalls, the step's end
+        time), but without asking the planner for a plan or touching each decoding request: their token
+        timelines are brought up to date once a segment. A segment ends with the step that completes a
+        prefill or a request (handled as step_once's tail does: they change the batch; the stretch goes on
+        into a new segment after a prefill, and stops after a completion, which the engine's policy hears
+        of), before a step that would overflow the KV cache (step_once runs that one and its preemptions),
+        and before a step where the planner's check says its plan would be another batch."""
+        total = 0
+        while True:
+            if self.prefilling:
+                ran, more = self._prefill_segment(clock_floor, send_s, until_s, sample_s)
+            else:
+                ran, more = self._decode_segment(clock_floor, send_s, until_s, sample_s)
+            total += ran
+            if not more:
+                return total
+
+    def _decode_segment(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> tuple[int, bool]:
+        """Plain decode steps with nothing prefilling (the planner's `plain_decode_check`); (steps, False)."""
         check = getattr(self.planner, "plain_decode_check", None)
         decoding = self.decoding
-        if check is None or self.prefilling or not decoding:
-            return 0
+        if check is None or not decoding:
+            return 0, False
         most = min(item.out_left for item in decoding)  # the last of them completes a request
         fits = check(self)
         if fits is None:
-            return 0
+            return 0, False
         n = len(decoding)
         step_time = self.model.step_time
         capacity = self.kv_capacity
         kv = self.kv_used
-        generated = self.generated_tokens
         ends: list[float] = []
         while (
             len(ends) < most
@@ -188,25 +202,93 @@ class StepwiseReplica(EngineReplica):
             clock = self.clock
             ends.append(clock)
             kv += n
-            generated += n
             if max(clock, clock_floor) >= sample_s:
                 break
+        self._decoded(ends, kv, most, [])
+        return len(ends), False
+
+    def _prefill_segment(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> tuple[int, bool]:
+        """Steps of every decode's token beside the prefill chunks the planner's `plain_prefill_check` gives,
+        up to the one that completes a prefill or a request; (steps, whether the stretch may go on)."""
+        check = getattr(self.planner, "plain_prefill_check", None)
+        if check is None:
+            return 0, False
+        promise = check(self)
+        if promise is None:
+            return 0, False
+        order, prefill_tokens = promise
+        decoding = self.decoding
+        most = min((item.out_left for item in decoding), default=math.inf)
+        n = len(decoding)
+        step_time = self.model.step_time
+        capacity = self.kv_capacity
+        kv = self.kv_used
+        ends: list[float] = []
+        started: list[StepRequest] = []
+        while (
+            len(ends) < most and self.clock < until_s and max(self.clock, clock_floor) < send_s and kv + n <= capacity
+        ):
+            tokens = prefill_tokens(kv, self.clock)
+            if tokens is None or tokens + n == 0:
+                break
+            sequences = n  # step_once's: the decodes and every prefill with a chunk, in the planner's order
+            left = tokens
+            for item in order:
+                if left <= 0:
+                    break
+                chunk = min(item.prompt_left, left)
+                left -= chunk
+                sequences += 1
+                item.prompt_left -= chunk
+                if item.prompt_left == 0:
+                    started.append(item)
+            self.step = self._record_step_end(self._noisy(step_time(tokens + n, kv, 0, sequences))) + 1
+            clock = self.clock
+            ends.append(clock)
+            kv += n
+            if started or max(clock, clock_floor) >= sample_s:
+                break
         ran = len(ends)
-        if ran:
-            self.kv_used = kv
-            self.generated_tokens = generated
-            ones = [1] * ran
-            for item in decoding:
-                item.out_left -= ran
-                item.run_tokens += ran
-                item.chunk_times.extend(ends)
-                item.chunk_tokens.extend(ones)
-            if ran == most:  # the last step completed requests: step_once's tail (its KV check cannot fire)
-                self.step -= 1  # that step's index while its completions are handled, as in step_once
-                for item in sorted((r for r in decoding if r.out_left == 0), key=lambda r: r.admitted_order):
-                    self._complete_item(item, ends[-1])
-                self.step += 1
-        return ran
+        if not ran:
+            return 0, False
+        completed = self._decoded(ends, kv, most, started)
+        return ran, bool(started) and not completed and max(self.clock, clock_floor) < sample_s
+
+    def _decoded(self, ends: list[float], kv: float, most: float, started: list[StepRequest]) -> bool:
+        """A segment's end: every decoding request's token at each of `ends`, then step_once's tail for its last
+        step (the prefills it completed start decoding with their first token, then the completions, in
+        step_once's order; its KV check cannot fire: the segment stopped before any overflow). Whether a
+        request completed."""
+        ran = len(ends)
+        if not ran:
+            return False
+        decoding = list(self.decoding)
+        self.kv_used = kv
+        self.generated_tokens += ran * len(decoding)
+        ones = [1] * ran
+        for item in decoding:
+            item.out_left -= ran
+            item.run_tokens += ran
+            item.chunk_times.extend(ends)
+            item.chunk_tokens.extend(ones)
+        now = ends[-1]
+        self.step -= 1  # the last step's index while its tail is handled, as in step_once
+        completed = False
+        for item in started:
+            self._emit_tokens(item, now, 1, grows_kv=False)
+            if item.out_left == 0:
+                self._complete_item(item, now)
+                completed = True
+            else:
+                self.prefilling.remove(item)
+                item.decoding = True
+                self.decoding.append(item)
+        if ran == most:  # the last step completed requests
+            for item in sorted((r for r in decoding if r.out_left == 0), key=lambda r: r.admitted_order):
+                self._complete_item(item, now)
+            completed = True
+        self.step += 1
+        return completed
 
     def _emit_tokens(self, item: StepRequest, now: float, emitted: int, *, grows_kv: bool = True) -> None:
         item.out_left -= emitted

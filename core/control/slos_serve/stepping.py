@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from core.control.slos_serve.admission import PlannerSettings, tier_list
-from core.control.slos_serve.batching import DecodeTask, PrefillTask, form_batch
+from core.control.slos_serve.batching import (
+    URGENCY,
+    DecodeTask,
+    PrefillTask,
+    form_batch,
+    prefill_beside_every_decode,
+    urgent_prefill_tokens,
+)
 from core.control.slos_serve.budget import BudgetModel
 from core.control.slos_serve.virtual import VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
@@ -175,8 +182,7 @@ class SlosServeStepPlanner:
         requests are queued (`_admissions` stops at once: no slot, and nobody to preempt for one or nobody
         who may preempt). The budget depends only on the tiers decoding, the
         sequences held and the KV in use, so `fits` asks the same BudgetModel `plan` would for a given KV."""
-        settings = self.settings
-        if (settings.max_spec_len > 0 and settings.acceptance > 0.0) or replica.prefilling:
+        if self._speculates() or replica.prefilling:
             return None  # speculation (drafts, acceptance draws) or prefill chunks
         best_effort = self._best_effort
         if replica.waiting and (
@@ -184,30 +190,84 @@ class SlosServeStepPlanner:
             or (any(map(best_effort, replica.decoding)) and not all(map(best_effort, replica.waiting)))
         ):
             return None  # a queued request may be admitted, or a best-effort one preempted for an SLO one
-        deadlines = self._deadlines
-        tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
-        tiers = tier_list(tpots) if tpots else [1.0]
-        tier_of = {t: i for i, t in enumerate(tiers)}
-        mask = 0
-        for tpot in tpots:
-            mask |= 1 << tier_of[tpot]
+        tiers, mask = self._decode_tiers(replica, ())
         decodes = len(replica.decoding)
         sequences = replica.running
 
         def fits(kv_used: float) -> bool:
-            budget = BudgetModel(
-                self.model,
-                tiers,
-                max_batch_tokens=settings.max_batch_tokens,
-                context_tokens=kv_used,
-                sequences=sequences,
-                max_spec_len=settings.max_spec_len,
-                acceptance=settings.acceptance,
-                knee_efficiency=settings.knee_efficiency,
-            )
+            budget = self._budget(tiers, kv_used, sequences)
             return budget.holds_decodes(mask, decodes) or decodes <= int(budget.plan(mask).batch_tokens)
 
         return fits
+
+    def plain_prefill_check(self, replica: Any) -> tuple[list[Any], Callable[[float, float], int | None]] | None:
+        """The replica's hook for stretches with prefill chunks (PlainDecodePlanner, core/step_planner_api.py):
+        with requests prefilling, every admitted request an SLO one (no best-effort leftovers or preemption),
+        nothing to admit (nothing queued, or every slot taken: with no best-effort request to preempt,
+        `_admissions` stops at once) and no speculation, `plan` gives every decoding request one token and the
+        prefilling ones, in deadline order, what batching.prefill_beside_every_decode says, whenever it says
+        it. Returns that order and `prefill_tokens(kv_used, now)`: the step's prefill tokens, or None where the
+        plan may be another batch. The budget is the BudgetModel `plan` would build (the same tiers, the
+        sequences held, the KV in use) and the urgent share form_batch's, from each request's prompt left."""
+        if self._speculates():
+            return None
+        best_effort = self._best_effort
+        if (
+            (replica.waiting and replica.max_seqs > replica.running)
+            or any(map(best_effort, replica.prefilling))
+            or any(map(best_effort, replica.decoding))
+        ):
+            return None
+        deadlines = self._deadlines
+        order = sorted(replica.prefilling, key=lambda item: deadlines(item)[0])  # stable, as form_batch's sort
+        tasks = [PrefillTask(deadlines(item)[3], deadlines(item)[0], item.prompt_left) for item in order]
+        tiers, mask = self._decode_tiers(replica, replica.prefilling)
+        decodes = len(replica.decoding)
+        sequences = replica.running
+        pairs = list(zip(tasks, order, strict=True))
+
+        def prefill_tokens(kv_used: float, now: float) -> int | None:
+            plan = self._budget(tiers, kv_used, sequences).plan(mask)
+            left = 0
+            for task, item in pairs:
+                task.tokens_left = item.prompt_left
+                left += item.prompt_left
+            urgent = urgent_prefill_tokens(now, tasks, plan.batch_time_s, URGENCY)
+            return prefill_beside_every_decode(int(plan.batch_tokens), decodes, urgent, left)
+
+        return order, prefill_tokens
+
+    def _speculates(self) -> bool:
+        """As BudgetModel decides it: drafts only with a length and an acceptance above zero."""
+        settings = self.settings
+        return settings.max_spec_len > 0 and settings.acceptance > 0.0
+
+    def _decode_tiers(self, replica: Any, prefilling: Any) -> tuple[list[float], int]:
+        """The tiers `plan` builds its BudgetModel on (the TPOTs of the SLO decodes and of `prefilling`) and the
+        mask of the decoding ones."""
+        deadlines = self._deadlines
+        decode_tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
+        tpots = decode_tpots | {deadlines(item)[1] for item in prefilling}
+        tiers = tier_list(tpots) if tpots else [1.0]
+        mask = 0
+        for i, tpot in enumerate(tiers):
+            if tpot in decode_tpots:
+                mask |= 1 << i
+        return tiers, mask
+
+    def _budget(self, tiers: list[float], kv_used: float, sequences: int) -> BudgetModel:
+        """The BudgetModel `plan` builds without speculation, for the KV in use and the sequences held."""
+        settings = self.settings
+        return BudgetModel(
+            self.model,
+            tiers,
+            max_batch_tokens=settings.max_batch_tokens,
+            context_tokens=kv_used,
+            sequences=sequences,
+            max_spec_len=settings.max_spec_len,
+            acceptance=settings.acceptance,
+            knee_efficiency=settings.knee_efficiency,
+        )
 
     def _admissions(self, replica: Any) -> tuple[list[Any], list[Any]]:
         """Which queued requests may be admitted this step, SLO requests before best-effort ones, and which
