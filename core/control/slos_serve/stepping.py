@@ -202,40 +202,74 @@ class SlosServeStepPlanner:
 
     def plain_prefill_check(self, replica: Any) -> tuple[list[Any], Callable[[float, float], int | None]] | None:
         """The replica's hook for stretches with prefill chunks (PlainDecodePlanner, core/step_planner_api.py):
-        with requests prefilling, every admitted request an SLO one (no best-effort leftovers or preemption),
-        nothing to admit (nothing queued, or every slot taken: with no best-effort request to preempt,
-        `_admissions` stops at once) and no speculation, `plan` gives every decoding request one token and the
-        prefilling ones, in deadline order, what batching.prefill_beside_every_decode says, whenever it says
-        it. Returns that order and `prefill_tokens(kv_used, now)`: the step's prefill tokens, or None where the
-        plan may be another batch. The budget is the BudgetModel `plan` would build (the same tiers, the
-        sequences held, the KV in use) and the urgent share form_batch's, from each request's prompt left."""
+        with requests prefilling, every admitted request an SLO one and no speculation, `plan` gives every
+        decoding request one token and the prefilling ones, in deadline order, what
+        batching.prefill_beside_every_decode says, whenever it says it and that share reaches no queued
+        request (none would be admitted). Returns that order and `prefill_tokens(kv_used, now)`: the step's
+        prefill tokens, or None where the plan may be another batch.
+
+        As `plan` builds it: the BudgetModel (the same tiers, the sequences held, the KV in use); the queued
+        requests it would admit (with no best-effort request admitted there is nobody to preempt, so
+        `_admissions` takes the queue, SLO requests first, while a slot and the KV left hold the next one) as
+        prefill tasks beside the prefilling ones, in deadline order, for form_batch's urgent share; a
+        best-effort one among them would take what the SLO prefill leaves, so that must be nothing."""
         if self._speculates():
             return None
         best_effort = self._best_effort
-        if (
-            (replica.waiting and replica.max_seqs > replica.running)
-            or any(map(best_effort, replica.prefilling))
-            or any(map(best_effort, replica.decoding))
-        ):
-            return None
+        if any(map(best_effort, replica.prefilling)) or any(map(best_effort, replica.decoding)):
+            return None  # best-effort leftovers and preemptions
         deadlines = self._deadlines
-        order = sorted(replica.prefilling, key=lambda item: deadlines(item)[0])  # stable, as form_batch's sort
-        tasks = [PrefillTask(deadlines(item)[3], deadlines(item)[0], item.prompt_left) for item in order]
-        tiers, mask = self._decode_tiers(replica, replica.prefilling)
+        queued = sorted(replica.waiting, key=best_effort)  # _admissions' order
+        block = replica.block
+        needs = [-(-(item.context + item.prompt_left + 1) // block) * block - item.context for item in queued]
+        queued_best_effort = [best_effort(item) for item in queued]
+        slots = replica.max_seqs - replica.running
+        capacity = replica.kv_capacity
+        # Every SLO prefill task `plan` may see, in form_batch's order (a stable sort by deadline of the
+        # prefilling requests, then the admitted queue): (task, the request, its place in the queue or -1).
+        entries = [(item, -1) for item in replica.prefilling]
+        entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
+        entries.sort(key=lambda entry: deadlines(entry[0])[0])
+        tasks = [(self._prefill_task(item), item, i) for item, i in entries]
+        order = [item for _, item, i in tasks if i < 0]
+        tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued))
         decodes = len(replica.decoding)
         sequences = replica.running
-        pairs = list(zip(tasks, order, strict=True))
 
         def prefill_tokens(kv_used: float, now: float) -> int | None:
             plan = self._budget(tiers, kv_used, sequences).plan(mask)
+            admitted = 0  # _admissions with nobody to preempt: how much of the queue it takes
+            room, kv_free = slots, capacity - kv_used
+            for need in needs:
+                if room <= 0 or need > kv_free:
+                    break
+                room -= 1
+                kv_free -= need
+                admitted += 1
+            seen: list[PrefillTask] = []
             left = 0
-            for task, item in pairs:
-                task.tokens_left = item.prompt_left
-                left += item.prompt_left
-            urgent = urgent_prefill_tokens(now, tasks, plan.batch_time_s, URGENCY)
-            return prefill_beside_every_decode(int(plan.batch_tokens), decodes, urgent, left)
+            ahead = -1  # prompt tokens before the first queued request in deadline order (-1: none queued)
+            for task, item, i in tasks:
+                if i < admitted:
+                    if i >= 0 and ahead < 0:
+                        ahead = left
+                    task.tokens_left = item.prompt_left
+                    left += item.prompt_left
+                    seen.append(task)
+            urgent = urgent_prefill_tokens(now, seen, plan.batch_time_s, URGENCY)
+            budget = int(plan.batch_tokens)
+            tokens = prefill_beside_every_decode(budget, decodes, urgent, left)
+            if tokens is None or (ahead >= 0 and tokens > ahead):
+                return None  # another batch, or a queued SLO request gets a chunk (admitted)
+            if tokens < budget - decodes and any(queued_best_effort[:admitted]):
+                return None  # a queued best-effort request gets the rest (admitted)
+            return tokens
 
         return order, prefill_tokens
+
+    def _prefill_task(self, item: Any) -> PrefillTask:
+        deadline, _, best_effort, rid = self._deadlines(item)
+        return PrefillTask(rid, deadline, item.prompt_left, best_effort)
 
     def _speculates(self) -> bool:
         """As BudgetModel decides it: drafts only with a length and an acceptance above zero."""
