@@ -166,17 +166,23 @@ class StepwiseReplica(EngineReplica):
         into a new segment after a prefill, and stops after a completion, which the engine's policy hears
         of), before a step that would overflow the KV cache (step_once runs that one and its preemptions),
         and before a step where the planner's check says its plan would be another batch."""
+        if clock_floor >= send_s:
+            return 0
+        # A step starts only before `stop`, and the one that ends at or after `sample_at` is the last: the
+        # contract's max(clock, clock_floor) tests, with the floor's share worked out once.
+        stop = min(send_s, until_s)
+        sample_at = sample_s if clock_floor < sample_s else -math.inf
         total = 0
         while True:
             if self.prefilling:
-                ran, more = self._prefill_segment(clock_floor, send_s, until_s, sample_s)
+                ran, more = self._prefill_segment(stop, sample_at)
             else:
-                ran, more = self._decode_segment(clock_floor, send_s, until_s, sample_s)
+                ran, more = self._decode_segment(stop, sample_at)
             total += ran
             if not more:
                 return total
 
-    def _decode_segment(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> tuple[int, bool]:
+    def _decode_segment(self, stop: float, sample_at: float) -> tuple[int, bool]:
         """Plain decode steps with nothing prefilling (the planner's `plain_decode_check`); (steps, False)."""
         check = getattr(self.planner, "plain_decode_check", None)
         decoding = self.decoding
@@ -191,23 +197,17 @@ class StepwiseReplica(EngineReplica):
         capacity = self.kv_capacity
         kv = self.kv_used
         ends: list[float] = []
-        while (
-            len(ends) < most
-            and self.clock < until_s
-            and max(self.clock, clock_floor) < send_s
-            and kv + n <= capacity
-            and fits(kv)
-        ):
+        while len(ends) < most and self.clock < stop and kv + n <= capacity and fits(kv):
             self.step = self._record_step_end(self._noisy(step_time(n, kv, 0, n))) + 1  # step_once's calls
             clock = self.clock
             ends.append(clock)
             kv += n
-            if max(clock, clock_floor) >= sample_s:
+            if clock >= sample_at:
                 break
         self._decoded(ends, kv, most, [])
         return len(ends), False
 
-    def _prefill_segment(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> tuple[int, bool]:
+    def _prefill_segment(self, stop: float, sample_at: float) -> tuple[int, bool]:
         """Steps of every decode's token beside the prefill chunks the planner's `plain_prefill_check` gives,
         up to the one that completes a prefill or a request; (steps, whether the stretch may go on)."""
         check = getattr(self.planner, "plain_prefill_check", None)
@@ -225,9 +225,7 @@ class StepwiseReplica(EngineReplica):
         kv = self.kv_used
         ends: list[float] = []
         started: list[StepRequest] = []
-        while (
-            len(ends) < most and self.clock < until_s and max(self.clock, clock_floor) < send_s and kv + n <= capacity
-        ):
+        while len(ends) < most and self.clock < stop and kv + n <= capacity:
             tokens = prefill_tokens(kv, self.clock)
             if tokens is None or tokens + n == 0:
                 break
@@ -246,13 +244,13 @@ class StepwiseReplica(EngineReplica):
             clock = self.clock
             ends.append(clock)
             kv += n
-            if started or max(clock, clock_floor) >= sample_s:
+            if started or clock >= sample_at:
                 break
         ran = len(ends)
         if not ran:
             return 0, False
         completed = self._decoded(ends, kv, most, started)
-        return ran, bool(started) and not completed and max(self.clock, clock_floor) < sample_s
+        return ran, bool(started) and not completed and self.clock < sample_at
 
     def _decoded(self, ends: list[float], kv: float, most: float, started: list[StepRequest]) -> bool:
         """A segment's end: every decoding request's token at each of `ends`, then step_once's tail for its last

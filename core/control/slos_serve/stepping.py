@@ -194,8 +194,10 @@ class SlosServeStepPlanner:
         decodes = len(replica.decoding)
         sequences = replica.running
 
+        model = self._budget(tiers, replica.kv_used, sequences)
+
         def fits(kv_used: float) -> bool:
-            budget = self._budget(tiers, kv_used, sequences)
+            budget = model.at_context(kv_used)
             return budget.holds_decodes(mask, decodes) or decodes <= int(budget.plan(mask).batch_tokens)
 
         return fits
@@ -236,8 +238,10 @@ class SlosServeStepPlanner:
         decodes = len(replica.decoding)
         sequences = replica.running
 
+        model = self._budget(tiers, replica.kv_used, sequences)
+
         def prefill_tokens(kv_used: float, now: float) -> int | None:
-            plan = self._budget(tiers, kv_used, sequences).plan(mask)
+            plan = model.at_context(kv_used).plan(mask)
             admitted = 0  # _admissions with nobody to preempt: how much of the queue it takes
             room, kv_free = slots, capacity - kv_used
             for need in needs:
