@@ -315,11 +315,8 @@ class SlosServeStepPlanner:
             return [], []  # nothing queued: nothing to admit, nobody to preempt for it
         room = replica.max_seqs - replica.running
         kv_free = replica.kv_capacity - replica.kv_used
-        victims = sorted(
-            (item for item in (*replica.prefilling, *replica.decoding) if self._best_effort(item)),
-            key=lambda item: -item.admitted_order,
-        )
-        reclaimable = sum(item.context + item.run_tokens for item in victims)
+        victims: list[Any] | None = None  # listed when a queued SLO request first needs them
+        reclaimable = 0
         queued = sorted(replica.waiting, key=self._best_effort)  # stable: SLO requests first, each in order
         admitting: list[Any] = []
         preempt: list[Any] = []
@@ -327,15 +324,21 @@ class SlosServeStepPlanner:
             # Admit only what the KV cache holds (the replica admits in order and stops at the first that does
             # not fit: a plan that gives its budget to such a request runs nothing).
             need = -(-(item.context + item.prompt_left + 1) // replica.block) * replica.block - item.context
-            fits_after_preemption = room + len(victims) > 0 and need <= kv_free + reclaimable
-            if not self._best_effort(item) and fits_after_preemption:
-                while room <= 0 or need > kv_free:
-                    victim = victims.pop(0)
-                    freed = victim.context + victim.run_tokens
-                    preempt.append(victim)
-                    room += 1
-                    kv_free += freed
-                    reclaimable -= freed
+            if (room <= 0 or need > kv_free) and not self._best_effort(item):
+                if victims is None:
+                    victims = sorted(
+                        (held for held in (*replica.prefilling, *replica.decoding) if self._best_effort(held)),
+                        key=lambda held: -held.admitted_order,
+                    )
+                    reclaimable = sum(held.context + held.run_tokens for held in victims)
+                if room + len(victims) > 0 and need <= kv_free + reclaimable:  # it fits after preemptions
+                    while room <= 0 or need > kv_free:
+                        victim = victims.pop(0)
+                        freed = victim.context + victim.run_tokens
+                        preempt.append(victim)
+                        room += 1
+                        kv_free += freed
+                        reclaimable -= freed
             if room <= 0 or need > kv_free:
                 break
             admitting.append(item)
