@@ -132,12 +132,13 @@ class PlainDecodePlanner(StepPlanner, Protocol):
 
     def plain_prefill_check(
         self, replica: StepReplicaView
-    ) -> tuple[list[StepRequest], Callable[[float, float], int | None]] | None:
-        """Asked with requests prefilling (optional too). None, or (order, prefill_tokens): `prefill_tokens(kv_used,
-        now)` returning T promises that `plan`, asked at clock `now` with `kv_used` KV tokens in use and the
-        prefilling requests' prompts as they then stand, gives every decoding request one position and the
-        requests in `order` T prompt tokens, each in turn as much as it has left, and nothing else (no
-        admission, preemption or speculation); None: no promise for that step."""
+    ) -> Callable[[float, float], list[tuple[StepRequest, int]] | None] | None:
+        """Asked with requests prefilling, or queued with a sequence slot free (optional too). None, or a function
+        `prefill_chunks(kv_used, now)` whose answer, a list of (request, prompt tokens), promises that `plan`,
+        asked at clock `now` with `kv_used` KV tokens in use and the prompts as they then stand, gives every
+        decoding request one position and those chunks, in that order (a queued request in it is admitted, as
+        step_once admits it), and nothing else (no preemption or speculation); None: no promise for that
+        step. The planner must keep what `plan` would have kept of the replica (SLOs-Serve's `sync` reads it)."""
         ...
 
 

@@ -110,8 +110,8 @@ def _bench_chat(requests: int, reference: bool, counts: dict[str, int], monkeypa
 
 
 def test_bench_chat_runs_its_prefill_chunks_in_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """About a quarter of bench-chat's steps carry a prefill chunk beside the decodes; most of them run in
-    stretches now, a third of those with a request queued behind the prefill."""
+    """About a quarter of bench-chat's steps carry a prefill chunk beside the decodes, among them the steps that
+    admit a queued request; most of them run in stretches now, with a request queued in a good share."""
     fast = {"prefill": 0, "queued": 0}
     records = _bench_chat(600, False, fast, monkeypatch)
     reference = {"prefill": 0, "queued": 0}

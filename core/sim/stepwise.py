@@ -174,7 +174,7 @@ class StepwiseReplica(EngineReplica):
         sample_at = sample_s if clock_floor < sample_s else -math.inf
         total = 0
         while True:
-            if self.prefilling:
+            if self.prefilling or (self.waiting and self.max_seqs > self.running):
                 ran, more = self._prefill_segment(stop, sample_at)
             else:
                 ran, more = self._decode_segment(stop, sample_at)
@@ -209,14 +209,15 @@ class StepwiseReplica(EngineReplica):
 
     def _prefill_segment(self, stop: float, sample_at: float) -> tuple[int, bool]:
         """Steps of every decode's token beside the prefill chunks the planner's `plain_prefill_check` gives,
-        up to the one that completes a prefill or a request; (steps, whether the stretch may go on)."""
+        up to the one that admits a queued request or completes a prefill or a request; (steps, whether the
+        stretch may go on). A step whose admissions and decode tokens would overflow the KV cache is left to
+        step_once (it would preempt after it)."""
         check = getattr(self.planner, "plain_prefill_check", None)
         if check is None:
             return 0, False
-        promise = check(self)
-        if promise is None:
+        prefill_chunks = check(self)
+        if prefill_chunks is None:
             return 0, False
-        order, prefill_tokens = promise
         decoding = self.decoding
         most = min((item.out_left for item in decoding), default=math.inf)
         n = len(decoding)
@@ -225,32 +226,45 @@ class StepwiseReplica(EngineReplica):
         kv = self.kv_used
         ends: list[float] = []
         started: list[StepRequest] = []
+        admitted = False
         while len(ends) < most and self.clock < stop and kv + n <= capacity:
-            tokens = prefill_tokens(kv, self.clock)
-            if tokens is None or tokens + n == 0:
+            chunks = prefill_chunks(kv, self.clock)
+            if chunks is None:
                 break
-            sequences = n  # step_once's: the decodes and every prefill with a chunk, in the planner's order
-            left = tokens
-            for item in order:
-                if left <= 0:
-                    break
-                chunk = min(item.prompt_left, left)
-                left -= chunk
-                sequences += 1
+            tokens = n
+            needs = 0
+            for item, chunk in chunks:
+                tokens += chunk
+                if item.admitted_order < 0:
+                    needs += self._blocks(item.context + item.prompt_left + 1) - item.context
+            if tokens == 0 or kv + needs + n > capacity:
+                break
+            for item, chunk in chunks:
+                if item.admitted_order < 0:  # step_once's admission, in the plan's order
+                    need = self._blocks(item.context + item.prompt_left + 1) - item.context
+                    self.waiting.remove(item)
+                    item.admitted_order = self._admit_seq
+                    self._admit_seq += 1
+                    self.admitted.append(item)
+                    kv += need
+                    item.context += need
+                    self.prefilling.append(item)
+                    admitted = True
                 item.prompt_left -= chunk
                 if item.prompt_left == 0:
                     started.append(item)
-            self.step = self._record_step_end(self._noisy(step_time(tokens + n, kv, 0, sequences))) + 1
+            # Priced as step_once prices it: the KV after the admissions, the decodes and every chunk.
+            self.step = self._record_step_end(self._noisy(step_time(tokens, kv, 0, n + len(chunks)))) + 1
             clock = self.clock
             ends.append(clock)
             kv += n
-            if started or clock >= sample_at:
+            if started or admitted or clock >= sample_at:
                 break
         ran = len(ends)
         if not ran:
             return 0, False
         completed = self._decoded(ends, kv, most, started)
-        return ran, bool(started) and not completed and self.clock < sample_at
+        return ran, bool(started or admitted) and not completed and self.clock < sample_at
 
     def _decoded(self, ends: list[float], kv: float, most: float, started: list[StepRequest]) -> bool:
         """A segment's end: every decoding request's token at each of `ends`, then step_once's tail for its last

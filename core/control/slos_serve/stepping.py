@@ -202,19 +202,20 @@ class SlosServeStepPlanner:
 
         return fits
 
-    def plain_prefill_check(self, replica: Any) -> tuple[list[Any], Callable[[float, float], int | None]] | None:
+    def plain_prefill_check(self, replica: Any) -> Callable[[float, float], list[tuple[Any, int]] | None] | None:
         """The replica's hook for stretches with prefill chunks (PlainDecodePlanner, core/step_planner_api.py):
-        with requests prefilling, every admitted request an SLO one and no speculation, `plan` gives every
-        decoding request one token and the prefilling ones, in deadline order, what
-        batching.prefill_beside_every_decode says, whenever it says it and that share reaches no queued
-        request (none would be admitted). Returns that order and `prefill_tokens(kv_used, now)`: the step's
-        prefill tokens, or None where the plan may be another batch.
+        with requests prefilling or queued, every admitted request an SLO one and no speculation, `plan` gives
+        every decoding request one token and the SLO prefills, in deadline order, what
+        batching.prefill_beside_every_decode says, whenever it says it. Returns `prefill_chunks(kv_used,
+        now)`: that step's (request, prompt tokens) in `plan`'s order (the prefilling requests, then the queued
+        ones it admits), or None where the plan may be another batch.
 
         As `plan` builds it: the BudgetModel (the same tiers, the sequences held, the KV in use); the queued
         requests it would admit (with no best-effort request admitted there is nobody to preempt, so
         `_admissions` takes the queue, SLO requests first, while a slot and the KV left hold the next one) as
-        prefill tasks beside the prefilling ones, in deadline order, for form_batch's urgent share; a
-        best-effort one among them would take what the SLO prefill leaves, so that must be nothing."""
+        prefill tasks beside the prefilling ones, in deadline order; a best-effort one among them would take
+        what the SLO prefill leaves, so that must be nothing."""
+        self.replica = replica  # as `plan` keeps it (for `sync`): a stretch may admit before any plan is asked
         if self._speculates():
             return None
         best_effort = self._best_effort
@@ -233,14 +234,11 @@ class SlosServeStepPlanner:
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
         entries.sort(key=lambda entry: deadlines(entry[0])[0])
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
-        order = [item for _, item, i in tasks if i < 0]
         tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued))
         decodes = len(replica.decoding)
-        sequences = replica.running
+        model = self._budget(tiers, replica.kv_used, replica.running)
 
-        model = self._budget(tiers, replica.kv_used, sequences)
-
-        def prefill_tokens(kv_used: float, now: float) -> int | None:
+        def prefill_chunks(kv_used: float, now: float) -> list[tuple[Any, int]] | None:
             plan = model.at_context(kv_used).plan(mask)
             admitted = 0  # _admissions with nobody to preempt: how much of the queue it takes
             room, kv_free = slots, capacity - kv_used
@@ -252,24 +250,31 @@ class SlosServeStepPlanner:
                 admitted += 1
             seen: list[PrefillTask] = []
             left = 0
-            ahead = -1  # prompt tokens before the first queued request in deadline order (-1: none queued)
             for task, item, i in tasks:
                 if i < admitted:
-                    if i >= 0 and ahead < 0:
-                        ahead = left
                     task.tokens_left = item.prompt_left
                     left += item.prompt_left
                     seen.append(task)
             urgent = urgent_prefill_tokens(now, seen, plan.batch_time_s, URGENCY)
             budget = int(plan.batch_tokens)
             tokens = prefill_beside_every_decode(budget, decodes, urgent, left)
-            if tokens is None or (ahead >= 0 and tokens > ahead):
-                return None  # another batch, or a queued SLO request gets a chunk (admitted)
+            if tokens is None:
+                return None
             if tokens < budget - decodes and any(queued_best_effort[:admitted]):
                 return None  # a queued best-effort request gets the rest (admitted)
-            return tokens
+            # form_batch's fill in deadline order; `plan` lists the prefilling requests first (_queued).
+            prefilling: list[tuple[Any, int]] = []
+            admitting: list[tuple[Any, int]] = []
+            for task, item, i in tasks:
+                if tokens <= 0:
+                    break
+                if i < admitted:
+                    chunk = min(task.tokens_left, tokens)
+                    tokens -= chunk
+                    (prefilling if i < 0 else admitting).append((item, chunk))
+            return prefilling + admitting
 
-        return order, prefill_tokens
+        return prefill_chunks
 
     def _prefill_task(self, item: Any) -> PrefillTask:
         deadline, _, best_effort, rid = self._deadlines(item)
