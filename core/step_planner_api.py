@@ -130,6 +130,17 @@ class PlainDecodePlanner(StepPlanner, Protocol):
         have updated."""
         ...
 
+    def plain_prefill_check(
+        self, replica: StepReplicaView
+    ) -> Callable[[float, float], list[tuple[StepRequest, int]] | None] | None:
+        """Asked with requests prefilling, or queued with a sequence slot free (optional too). None, or a function
+        `prefill_chunks(kv_used, now)` whose answer, a list of (request, prompt tokens), promises that `plan`,
+        asked at clock `now` with `kv_used` KV tokens in use and the prompts as they then stand, gives every
+        decoding request one position and those chunks, in that order (a queued request in it is admitted, as
+        step_once admits it), and nothing else (no preemption or speculation); None: no promise for that
+        step. The planner must keep what `plan` would have kept of the replica (SLOs-Serve's `sync` reads it)."""
+        ...
+
 
 def draw_accepted(rng: np.random.Generator, acceptance: float, drafted: int) -> int:
     """Left-to-right verification of `drafted` tokens at per-token acceptance `acceptance`: the accepted

@@ -20,6 +20,7 @@ planner that batches like vLLM reproduces the fast path's timelines (tests/test_
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 import numpy as np
@@ -153,60 +154,153 @@ class StepwiseReplica(EngineReplica):
         return True
 
     def run_decode_steps(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> int:
-        """Run, one after another, the plain decode steps the planner promises (PlainDecodePlanner in
-        core/step_planner_api.py: every decoding request verifying one position, nothing else); returns how
-        many. The engine's contract is EngineReplica.run_decode_steps': a step runs only if it starts before
-        `send_s` (the next send or policy wakeup) and `until_s`, and the steps stop after the first whose end
-        reaches `sample_s`. Each step is priced and timed as step_once does it (the same calls: noise, stalls,
-        the step's end time), but without asking the planner for a plan or touching each request: their
-        token timelines are brought up to date once, at the end. The stretch ends with the step that completes
-        a request (its completions are handled as step_once's tail does: they change the batch), before a
-        step that would overflow the KV cache (step_once runs that one and its preemptions), and before a
-        step where the planner's check says its plan would be another batch."""
+        """Run, one after another, the steps the planner promises without a plan (PlainDecodePlanner in
+        core/step_planner_api.py: every decoding request verifying one position, and with requests prefilling,
+        their chunks in the planner's order, nothing admitted or preempted); returns how many. The engine's
+        contract is EngineReplica.run_decode_steps': a step runs only if it starts before `send_s` (the next
+        send or policy wakeup) and `until_s`, and the steps stop after the first whose end reaches `sample_s`.
+        Each step is priced and timed as step_once does it (the same calls: noise, stalls, the step's end
+        time), but without asking the planner for a plan or touching each decoding request: their token
+        timelines are brought up to date once a segment. A segment ends with the step that completes a
+        prefill or a request (handled as step_once's tail does: they change the batch; the stretch goes on
+        into a new segment after a prefill, and stops after a completion, which the engine's policy hears
+        of), before a step that would overflow the KV cache (step_once runs that one and its preemptions),
+        and before a step where the planner's check says its plan would be another batch."""
+        if clock_floor >= send_s:
+            return 0
+        # A step starts only before `stop`, and the one that ends at or after `sample_at` is the last: the
+        # contract's max(clock, clock_floor) tests, with the floor's share worked out once.
+        stop = min(send_s, until_s)
+        sample_at = sample_s if clock_floor < sample_s else -math.inf
+        total = 0
+        while True:
+            if self.prefilling or (self.waiting and self.max_seqs > self.running):
+                ran, more = self._prefill_segment(stop, sample_at)
+            else:
+                ran, more = self._decode_segment(stop, sample_at)
+            total += ran
+            if not more:
+                return total
+
+    def _decode_segment(self, stop: float, sample_at: float) -> tuple[int, bool]:
+        """Plain decode steps with nothing prefilling (the planner's `plain_decode_check`); (steps, False)."""
         check = getattr(self.planner, "plain_decode_check", None)
         decoding = self.decoding
-        if check is None or self.prefilling or not decoding:
-            return 0
+        if check is None or not decoding:
+            return 0, False
         most = min(item.out_left for item in decoding)  # the last of them completes a request
         fits = check(self)
         if fits is None:
-            return 0
+            return 0, False
         n = len(decoding)
         step_time = self.model.step_time
         capacity = self.kv_capacity
         kv = self.kv_used
-        generated = self.generated_tokens
         ends: list[float] = []
-        while (
-            len(ends) < most
-            and self.clock < until_s
-            and max(self.clock, clock_floor) < send_s
-            and kv + n <= capacity
-            and fits(kv)
-        ):
+        while len(ends) < most and self.clock < stop and kv + n <= capacity and fits(kv):
             self.step = self._record_step_end(self._noisy(step_time(n, kv, 0, n))) + 1  # step_once's calls
             clock = self.clock
             ends.append(clock)
             kv += n
-            generated += n
-            if max(clock, clock_floor) >= sample_s:
+            if clock >= sample_at:
+                break
+        self._decoded(ends, kv, most, [])
+        return len(ends), False
+
+    def _prefill_segment(self, stop: float, sample_at: float) -> tuple[int, bool]:
+        """Steps of every decode's token beside the prefill chunks the planner's `plain_prefill_check` gives,
+        up to the one that admits a queued request or completes a prefill or a request; (steps, whether the
+        stretch may go on). A step whose admissions and decode tokens would overflow the KV cache is left to
+        step_once (it would preempt after it)."""
+        check = getattr(self.planner, "plain_prefill_check", None)
+        if check is None:
+            return 0, False
+        prefill_chunks = check(self)
+        if prefill_chunks is None:
+            return 0, False
+        decoding = self.decoding
+        most = min((item.out_left for item in decoding), default=math.inf)
+        n = len(decoding)
+        step_time = self.model.step_time
+        capacity = self.kv_capacity
+        kv = self.kv_used
+        ends: list[float] = []
+        started: list[StepRequest] = []
+        admitted = False
+        while len(ends) < most and self.clock < stop and kv + n <= capacity:
+            chunks = prefill_chunks(kv, self.clock)
+            if chunks is None:
+                break
+            tokens = n
+            needs = 0
+            for item, chunk in chunks:
+                tokens += chunk
+                if item.admitted_order < 0:
+                    needs += self._blocks(item.context + item.prompt_left + 1) - item.context
+            if tokens == 0 or kv + needs + n > capacity:
+                break
+            for item, chunk in chunks:
+                if item.admitted_order < 0:  # step_once's admission, in the plan's order
+                    need = self._blocks(item.context + item.prompt_left + 1) - item.context
+                    self.waiting.remove(item)
+                    item.admitted_order = self._admit_seq
+                    self._admit_seq += 1
+                    self.admitted.append(item)
+                    kv += need
+                    item.context += need
+                    self.prefilling.append(item)
+                    admitted = True
+                item.prompt_left -= chunk
+                if item.prompt_left == 0:
+                    started.append(item)
+            # Priced as step_once prices it: the KV after the admissions, the decodes and every chunk.
+            self.step = self._record_step_end(self._noisy(step_time(tokens, kv, 0, n + len(chunks)))) + 1
+            clock = self.clock
+            ends.append(clock)
+            kv += n
+            if started or admitted or clock >= sample_at:
                 break
         ran = len(ends)
-        if ran:
-            self.kv_used = kv
-            self.generated_tokens = generated
-            ones = [1] * ran
-            for item in decoding:
-                item.out_left -= ran
-                item.run_tokens += ran
-                item.chunk_times.extend(ends)
-                item.chunk_tokens.extend(ones)
-            if ran == most:  # the last step completed requests: step_once's tail (its KV check cannot fire)
-                self.step -= 1  # that step's index while its completions are handled, as in step_once
-                for item in sorted((r for r in decoding if r.out_left == 0), key=lambda r: r.admitted_order):
-                    self._complete_item(item, ends[-1])
-                self.step += 1
-        return ran
+        if not ran:
+            return 0, False
+        completed = self._decoded(ends, kv, most, started)
+        return ran, bool(started or admitted) and not completed and self.clock < sample_at
+
+    def _decoded(self, ends: list[float], kv: float, most: float, started: list[StepRequest]) -> bool:
+        """A segment's end: every decoding request's token at each of `ends`, then step_once's tail for its last
+        step (the prefills it completed start decoding with their first token, then the completions, in
+        step_once's order; its KV check cannot fire: the segment stopped before any overflow). Whether a
+        request completed."""
+        ran = len(ends)
+        if not ran:
+            return False
+        decoding = list(self.decoding)
+        self.kv_used = kv
+        self.generated_tokens += ran * len(decoding)
+        ones = [1] * ran
+        for item in decoding:
+            item.out_left -= ran
+            item.run_tokens += ran
+            item.chunk_times.extend(ends)
+            item.chunk_tokens.extend(ones)
+        now = ends[-1]
+        self.step -= 1  # the last step's index while its tail is handled, as in step_once
+        completed = False
+        for item in started:
+            self._emit_tokens(item, now, 1, grows_kv=False)
+            if item.out_left == 0:
+                self._complete_item(item, now)
+                completed = True
+            else:
+                self.prefilling.remove(item)
+                item.decoding = True
+                self.decoding.append(item)
+        if ran == most:  # the last step completed requests
+            for item in sorted((r for r in decoding if r.out_left == 0), key=lambda r: r.admitted_order):
+                self._complete_item(item, now)
+            completed = True
+        self.step += 1
+        return completed
 
     def _emit_tokens(self, item: StepRequest, now: float, emitted: int, *, grows_kv: bool = True) -> None:
         item.out_left -= emitted

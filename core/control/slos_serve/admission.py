@@ -30,8 +30,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from core.control.slos_serve.budget import BudgetModel
 from core.step_time import StepTimeModel
 
@@ -129,7 +127,7 @@ class AdmissionPlanner:
         visits: list[tuple[float, int, int, PlanRequest]] = [(r.prefill_deadline_s, 0, -1, r) for r in forced]
         visits += [(r.prefill_deadline_s, 1, pos, r) for pos, r in enumerate(new)]
         visits.sort(key=lambda v: (v[0], v[1]))
-        deadlines = np.array([max(v[0], now) for v in visits])
+        deadlines = [max(v[0], now) for v in visits]
         demand = _running_demand(now, decoders, tier_of, n_tiers, deadlines)
         running_mask = 0
         alive_at_end = [0] * n_tiers
@@ -143,14 +141,14 @@ class AdmissionPlanner:
 
         states: dict[tuple[int, ...], _State] = {(0,) * n_tiers: _State(0.0, 0, 0, 0)}
         previous_t = now
-        previous_demand = np.zeros(n_tiers)
+        previous_demand = [0.0] * n_tiers
         for k, (deadline, kind, pos, req) in enumerate(visits):
-            at = float(deadlines[k])
+            at = deadlines[k]
             dt = at - previous_t
-            running_tokens = demand[:, k] - previous_demand
-            if dt > 0.0 or running_tokens.any():
+            running_tokens = [owed - before for owed, before in zip(demand[k], previous_demand, strict=True)]
+            if dt > 0.0 or any(running_tokens):
                 states = _advance(states, budget, running_mask, dt, running_tokens, tiers)
-            previous_t, previous_demand = at, demand[:, k]
+            previous_t, previous_demand = at, demand[k]
             tier = tier_of[req.tpot_s]
             grown: dict[tuple[int, ...], _State] = {}
             for counts, state in states.items():
@@ -182,19 +180,17 @@ class AdmissionPlanner:
 
 
 def _running_demand(
-    now: float, decoders: Sequence[PlanRequest], tier_of: dict[float, int], n_tiers: int, deadlines: np.ndarray
-) -> np.ndarray:
-    """Cumulative decode tokens the running requests are owed by each deadline, per tier (n_tiers x K).
-    Tokens already overdue at `now` count in the first interval."""
-    out = np.zeros((n_tiers, len(deadlines)))
-    if not decoders:
-        return out
-    start = np.array([r.decode_start_s for r in decoders])
-    pace = np.array([r.tpot_s for r in decoders])
-    left = np.array([r.decode_tokens for r in decoders], dtype=float)
-    owed = np.clip((deadlines[None, :] - start[:, None]) / pace[:, None], 0.0, left[:, None])
-    tiers = np.array([tier_of[r.tpot_s] for r in decoders])
-    np.add.at(out, tiers, owed)
+    now: float, decoders: Sequence[PlanRequest], tier_of: dict[float, int], n_tiers: int, deadlines: Sequence[float]
+) -> list[list[float]]:
+    """Cumulative decode tokens the running requests are owed by each deadline, per tier (K lists of n_tiers).
+    Tokens already overdue at `now` count in the first interval. Plain floats, summed request by request in
+    their order (numpy's arrays cost more than their arithmetic at a few dozen requests and deadlines)."""
+    out = [[0.0] * n_tiers for _ in deadlines]
+    for r in decoders:
+        start, pace, left = r.decode_start_s, r.tpot_s, float(r.decode_tokens)
+        tier = tier_of[pace]
+        for row, deadline in zip(out, deadlines, strict=True):
+            row[tier] += min(max((deadline - start) / pace, 0.0), left)
     return out
 
 
@@ -203,7 +199,7 @@ def _advance(
     budget: BudgetModel,
     running_mask: int,
     dt: float,
-    running_tokens: np.ndarray,
+    running_tokens: Sequence[float],
     tiers: Sequence[float],
 ) -> dict[tuple[int, ...], _State]:
     """Add the prefill budget each state earns over `dt`; drop states where an admitted request would

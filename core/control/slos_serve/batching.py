@@ -41,6 +41,9 @@ class PrefillTask:
     decode_tokens: int = 0
 
 
+# Prefill that cannot wait gets this multiple of the least rate that meets every prefill deadline first.
+URGENCY = 2.0
+
 _DUE = operator.attrgetter("next_due_s")
 _DEADLINE = operator.attrgetter("deadline_s")
 
@@ -65,7 +68,7 @@ def form_batch(
     budget: BudgetModel,
     *,
     work_conserving: bool = True,
-    urgency: float = 2.0,
+    urgency: float = URGENCY,
 ) -> StepBatch:
     """The next batch (Algorithm 2's loop body) for the requests as they stand at `now`."""
     tiers = {t: i for i, t in enumerate(budget.tiers)}
@@ -95,7 +98,7 @@ def form_batch(
     if work_conserving:
         # Prefill that cannot wait (at `urgency` x the least rate that meets every prefill deadline), then
         # the decodes not yet due (finished sooner, they free their KV sooner), then the rest of the prefill.
-        urgent = math.ceil(urgency * _least_prefill_rate(now, slo_prefills, plan.batch_time_s) * plan.batch_time_s)
+        urgent = urgent_prefill_tokens(now, slo_prefills, plan.batch_time_s, urgency)
         left -= _fill_prefill(batch, slo_prefills, min(left, urgent))
         for d in later:
             need = 1 + plan.spec_len[tiers[d.tpot_s]]
@@ -119,6 +122,28 @@ def form_batch(
                 batch.decode[d.request_id] = 1
                 left -= 1
     return batch
+
+
+def urgent_prefill_tokens(now: float, slo_prefills: Sequence[PrefillTask], batch_time_s: float, urgency: float) -> int:
+    """The prefill tokens a work-conserving batch gives first: `urgency` x the least rate that meets every
+    prefill deadline, over one batch (`slo_prefills` in deadline order)."""
+    return math.ceil(urgency * _least_prefill_rate(now, slo_prefills, batch_time_s) * batch_time_s)
+
+
+def prefill_beside_every_decode(token_budget: int, decodes: int, urgent: int, prefill_left: int) -> int | None:
+    """What `form_batch` gives the SLO prefills, when it gives each of `decodes` SLO decodes one token (no
+    speculation, no best-effort request, every decode with tokens left): None where that is not sure.
+
+    The due decodes take one token each (all of them, when `decodes` fit the budget), the urgent prefill
+    min(left, urgent, prefill_left), then the later decodes a token each while any is left, then the prefill
+    the rest. When token_budget - decodes >= min(urgent, prefill_left), the urgent share leaves a token for
+    every later decode whatever the due times split them into, and the prefill gets min(token_budget -
+    decodes, prefill_left) in deadline order (both fills walk the same order from where they stand). The
+    simulated replica asks it at each step of a stretch with a prefill chunk (stepping.plain_prefill_check)."""
+    left = token_budget - decodes
+    if left < 0 or left < min(urgent, prefill_left):
+        return None
+    return min(left, prefill_left)
 
 
 def _least_prefill_rate(now: float, prefills: Sequence[PrefillTask], batch_time_s: float) -> float:

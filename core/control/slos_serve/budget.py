@@ -77,8 +77,18 @@ class BudgetModel:
         self.acceptance = acceptance
         self._plans: dict[int, DecodePlan] = {}
         self._idle: tuple[float, float] | None = None  # the largest batch allowed (no decodes), when first asked
-        reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
-        self.spec_len = self._choose_speculation(reference)
+        self._reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
+        self.spec_len = self._choose_speculation(self._reference)
+
+    def at_context(self, context_tokens: float) -> BudgetModel:
+        """This model, now for `context_tokens` of KV in use: what a new one built with it would answer (every
+        plan, and the speculation lengths chosen, depend on it). The simulated replica asks one per step of a
+        stretch (stepping.py), where building a model each step cost more than its answer."""
+        self.context_tokens = context_tokens
+        self._plans = {}
+        self._idle = None
+        self.spec_len = self._choose_speculation(self._reference)
+        return self
 
     def _batch(self, time_limit_s: float | None, spec_steps: int) -> tuple[float, float]:
         """(tokens, duration) of the largest batch within `time_limit_s` (None: the largest batch allowed)."""

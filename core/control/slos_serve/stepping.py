@@ -27,7 +27,14 @@ from typing import Any
 import numpy as np
 
 from core.control.slos_serve.admission import PlannerSettings, tier_list
-from core.control.slos_serve.batching import DecodeTask, PrefillTask, form_batch
+from core.control.slos_serve.batching import (
+    URGENCY,
+    DecodeTask,
+    PrefillTask,
+    form_batch,
+    prefill_beside_every_decode,
+    urgent_prefill_tokens,
+)
 from core.control.slos_serve.budget import BudgetModel
 from core.control.slos_serve.virtual import VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
@@ -175,8 +182,7 @@ class SlosServeStepPlanner:
         requests are queued (`_admissions` stops at once: no slot, and nobody to preempt for one or nobody
         who may preempt). The budget depends only on the tiers decoding, the
         sequences held and the KV in use, so `fits` asks the same BudgetModel `plan` would for a given KV."""
-        settings = self.settings
-        if (settings.max_spec_len > 0 and settings.acceptance > 0.0) or replica.prefilling:
+        if self._speculates() or replica.prefilling:
             return None  # speculation (drafts, acceptance draws) or prefill chunks
         best_effort = self._best_effort
         if replica.waiting and (
@@ -184,30 +190,127 @@ class SlosServeStepPlanner:
             or (any(map(best_effort, replica.decoding)) and not all(map(best_effort, replica.waiting)))
         ):
             return None  # a queued request may be admitted, or a best-effort one preempted for an SLO one
-        deadlines = self._deadlines
-        tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
-        tiers = tier_list(tpots) if tpots else [1.0]
-        tier_of = {t: i for i, t in enumerate(tiers)}
-        mask = 0
-        for tpot in tpots:
-            mask |= 1 << tier_of[tpot]
+        tiers, mask = self._decode_tiers(replica, ())
         decodes = len(replica.decoding)
         sequences = replica.running
 
+        model = self._budget(tiers, replica.kv_used, sequences)
+
         def fits(kv_used: float) -> bool:
-            budget = BudgetModel(
-                self.model,
-                tiers,
-                max_batch_tokens=settings.max_batch_tokens,
-                context_tokens=kv_used,
-                sequences=sequences,
-                max_spec_len=settings.max_spec_len,
-                acceptance=settings.acceptance,
-                knee_efficiency=settings.knee_efficiency,
-            )
+            budget = model.at_context(kv_used)
             return budget.holds_decodes(mask, decodes) or decodes <= int(budget.plan(mask).batch_tokens)
 
         return fits
+
+    def plain_prefill_check(self, replica: Any) -> Callable[[float, float], list[tuple[Any, int]] | None] | None:
+        """The replica's hook for stretches with prefill chunks (PlainDecodePlanner, core/step_planner_api.py):
+        with requests prefilling or queued, every admitted request an SLO one and no speculation, `plan` gives
+        every decoding request one token and the SLO prefills, in deadline order, what
+        batching.prefill_beside_every_decode says, whenever it says it. Returns `prefill_chunks(kv_used,
+        now)`: that step's (request, prompt tokens) in `plan`'s order (the prefilling requests, then the queued
+        ones it admits), or None where the plan may be another batch.
+
+        As `plan` builds it: the BudgetModel (the same tiers, the sequences held, the KV in use); the queued
+        requests it would admit (with no best-effort request admitted there is nobody to preempt, so
+        `_admissions` takes the queue, SLO requests first, while a slot and the KV left hold the next one) as
+        prefill tasks beside the prefilling ones, in deadline order; a best-effort one among them would take
+        what the SLO prefill leaves, so that must be nothing."""
+        self.replica = replica  # as `plan` keeps it (for `sync`): a stretch may admit before any plan is asked
+        if self._speculates():
+            return None
+        best_effort = self._best_effort
+        if any(map(best_effort, replica.prefilling)) or any(map(best_effort, replica.decoding)):
+            return None  # best-effort leftovers and preemptions
+        deadlines = self._deadlines
+        queued = sorted(replica.waiting, key=best_effort)  # _admissions' order
+        block = replica.block
+        needs = [-(-(item.context + item.prompt_left + 1) // block) * block - item.context for item in queued]
+        queued_best_effort = [best_effort(item) for item in queued]
+        slots = replica.max_seqs - replica.running
+        capacity = replica.kv_capacity
+        # Every SLO prefill task `plan` may see, in form_batch's order (a stable sort by deadline of the
+        # prefilling requests, then the admitted queue): (task, the request, its place in the queue or -1).
+        entries = [(item, -1) for item in replica.prefilling]
+        entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
+        entries.sort(key=lambda entry: deadlines(entry[0])[0])
+        tasks = [(self._prefill_task(item), item, i) for item, i in entries]
+        tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued))
+        decodes = len(replica.decoding)
+        model = self._budget(tiers, replica.kv_used, replica.running)
+
+        def prefill_chunks(kv_used: float, now: float) -> list[tuple[Any, int]] | None:
+            plan = model.at_context(kv_used).plan(mask)
+            admitted = 0  # _admissions with nobody to preempt: how much of the queue it takes
+            room, kv_free = slots, capacity - kv_used
+            for need in needs:
+                if room <= 0 or need > kv_free:
+                    break
+                room -= 1
+                kv_free -= need
+                admitted += 1
+            seen: list[PrefillTask] = []
+            left = 0
+            for task, item, i in tasks:
+                if i < admitted:
+                    task.tokens_left = item.prompt_left
+                    left += item.prompt_left
+                    seen.append(task)
+            urgent = urgent_prefill_tokens(now, seen, plan.batch_time_s, URGENCY)
+            budget = int(plan.batch_tokens)
+            tokens = prefill_beside_every_decode(budget, decodes, urgent, left)
+            if tokens is None:
+                return None
+            if tokens < budget - decodes and any(queued_best_effort[:admitted]):
+                return None  # a queued best-effort request gets the rest (admitted)
+            # form_batch's fill in deadline order; `plan` lists the prefilling requests first (_queued).
+            prefilling: list[tuple[Any, int]] = []
+            admitting: list[tuple[Any, int]] = []
+            for task, item, i in tasks:
+                if tokens <= 0:
+                    break
+                if i < admitted:
+                    chunk = min(task.tokens_left, tokens)
+                    tokens -= chunk
+                    (prefilling if i < 0 else admitting).append((item, chunk))
+            return prefilling + admitting
+
+        return prefill_chunks
+
+    def _prefill_task(self, item: Any) -> PrefillTask:
+        deadline, _, best_effort, rid = self._deadlines(item)
+        return PrefillTask(rid, deadline, item.prompt_left, best_effort)
+
+    def _speculates(self) -> bool:
+        """As BudgetModel decides it: drafts only with a length and an acceptance above zero."""
+        settings = self.settings
+        return settings.max_spec_len > 0 and settings.acceptance > 0.0
+
+    def _decode_tiers(self, replica: Any, prefilling: Any) -> tuple[list[float], int]:
+        """The tiers `plan` builds its BudgetModel on (the TPOTs of the SLO decodes and of `prefilling`) and the
+        mask of the decoding ones."""
+        deadlines = self._deadlines
+        decode_tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
+        tpots = decode_tpots | {deadlines(item)[1] for item in prefilling}
+        tiers = tier_list(tpots) if tpots else [1.0]
+        mask = 0
+        for i, tpot in enumerate(tiers):
+            if tpot in decode_tpots:
+                mask |= 1 << i
+        return tiers, mask
+
+    def _budget(self, tiers: list[float], kv_used: float, sequences: int) -> BudgetModel:
+        """The BudgetModel `plan` builds without speculation, for the KV in use and the sequences held."""
+        settings = self.settings
+        return BudgetModel(
+            self.model,
+            tiers,
+            max_batch_tokens=settings.max_batch_tokens,
+            context_tokens=kv_used,
+            sequences=sequences,
+            max_spec_len=settings.max_spec_len,
+            acceptance=settings.acceptance,
+            knee_efficiency=settings.knee_efficiency,
+        )
 
     def _admissions(self, replica: Any) -> tuple[list[Any], list[Any]]:
         """Which queued requests may be admitted this step, SLO requests before best-effort ones, and which
@@ -217,11 +320,8 @@ class SlosServeStepPlanner:
             return [], []  # nothing queued: nothing to admit, nobody to preempt for it
         room = replica.max_seqs - replica.running
         kv_free = replica.kv_capacity - replica.kv_used
-        victims = sorted(
-            (item for item in (*replica.prefilling, *replica.decoding) if self._best_effort(item)),
-            key=lambda item: -item.admitted_order,
-        )
-        reclaimable = sum(item.context + item.run_tokens for item in victims)
+        victims: list[Any] | None = None  # listed when a queued SLO request first needs them
+        reclaimable = 0
         queued = sorted(replica.waiting, key=self._best_effort)  # stable: SLO requests first, each in order
         admitting: list[Any] = []
         preempt: list[Any] = []
@@ -229,15 +329,21 @@ class SlosServeStepPlanner:
             # Admit only what the KV cache holds (the replica admits in order and stops at the first that does
             # not fit: a plan that gives its budget to such a request runs nothing).
             need = -(-(item.context + item.prompt_left + 1) // replica.block) * replica.block - item.context
-            fits_after_preemption = room + len(victims) > 0 and need <= kv_free + reclaimable
-            if not self._best_effort(item) and fits_after_preemption:
-                while room <= 0 or need > kv_free:
-                    victim = victims.pop(0)
-                    freed = victim.context + victim.run_tokens
-                    preempt.append(victim)
-                    room += 1
-                    kv_free += freed
-                    reclaimable -= freed
+            if (room <= 0 or need > kv_free) and not self._best_effort(item):
+                if victims is None:
+                    victims = sorted(
+                        (held for held in (*replica.prefilling, *replica.decoding) if self._best_effort(held)),
+                        key=lambda held: -held.admitted_order,
+                    )
+                    reclaimable = sum(held.context + held.run_tokens for held in victims)
+                if room + len(victims) > 0 and need <= kv_free + reclaimable:  # it fits after preemptions
+                    while room <= 0 or need > kv_free:
+                        victim = victims.pop(0)
+                        freed = victim.context + victim.run_tokens
+                        preempt.append(victim)
+                        room += 1
+                        kv_free += freed
+                        reclaimable -= freed
             if room <= 0 or need > kv_free:
                 break
             admitting.append(item)

@@ -1,0 +1,121 @@
+"""SLOs-Serve's stretches through prefill chunks: the batch they promise is the one form_batch forms.
+
+`batching.prefill_beside_every_decode` says, from the budget, the decode count, the urgent share and the
+prompt left, what form_batch gives the SLO prefills when it gives every SLO decode one token; the stepwise
+replica runs such steps without the planner (stepwise.StepwiseReplica._prefill_segment, the planner's
+`plain_prefill_check`). Here: on random batches, wherever it answers, form_batch agrees whatever the decodes'
+due times and the prefills' deadlines; and the stretches do run on bench-chat, with requests queued, and
+give the step-by-step reference's records there (tests/test_slos_serve_fast_path.py holds every shipped
+profile and the pressure cases to the reference).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from core.control.slos_serve.batching import (
+    URGENCY,
+    DecodeTask,
+    PrefillTask,
+    form_batch,
+    prefill_beside_every_decode,
+    urgent_prefill_tokens,
+)
+from core.control.slos_serve.budget import BudgetModel
+from core.modes import ModeContext, make_policy
+from core.profile import load_calibration, load_profile
+from core.sim import stepwise
+from core.sim.engine import SimEngine
+from core.step_time import StepTimeModel
+from core.workload import build_load_plan
+from tests.test_sim_fast_path import assert_same_records
+
+MODEL = StepTimeModel(((0.004, 1e-5, 1e-7, 0.0, 2e-5), (0.0005, 4e-5, 0.0, 0.0, 0.0)))
+
+
+def test_the_promised_prefill_is_form_batchs() -> None:
+    rng = np.random.default_rng(11)
+    answered = refused = 0
+    for _ in range(4000):
+        now = float(rng.uniform(0.0, 10.0))
+        tpots = [0.02, 0.05, 0.1][: int(rng.integers(1, 4))]
+        decodes = [
+            DecodeTask(i, float(rng.choice(tpots)), now + float(rng.uniform(-0.05, 0.3)), int(rng.integers(1, 50)))
+            for i in range(int(rng.integers(0, 40)))
+        ]
+        prefills = [
+            PrefillTask(100 + i, now + float(rng.uniform(-0.1, 2.0)), int(rng.integers(1, 1500)))
+            for i in range(int(rng.integers(1, 4)))
+        ]
+        budget = BudgetModel(
+            MODEL,
+            tpots,
+            max_batch_tokens=int(rng.choice([64, 256, 512, 2048])),
+            context_tokens=float(rng.uniform(0, 50_000)),
+            sequences=len(decodes) + len(prefills),
+            knee_efficiency=None if rng.random() < 0.3 else 0.95,
+        )
+        mask = 0
+        for d in decodes:
+            mask |= 1 << tpots.index(d.tpot_s)
+        plan = budget.plan(mask)
+        ordered = sorted(prefills, key=lambda p: p.deadline_s)
+        urgent = urgent_prefill_tokens(now, ordered, plan.batch_time_s, URGENCY)
+        left = sum(p.tokens_left for p in prefills)
+        tokens = prefill_beside_every_decode(int(plan.batch_tokens), len(decodes), urgent, left)
+        if tokens is None:
+            refused += 1
+            continue
+        answered += 1
+        batch = form_batch(now, decodes, prefills, budget)
+        assert sorted(batch.decode.items()) == [(d.request_id, 1) for d in sorted(decodes, key=lambda d: d.request_id)]
+        expected: dict[int, int] = {}
+        rest = tokens
+        for p in ordered:
+            if rest <= 0:
+                break
+            expected[p.request_id] = min(p.tokens_left, rest)
+            rest -= expected[p.request_id]
+        assert batch.prefill == expected
+    assert answered > 1000 and refused > 100  # both branches taken
+
+
+def _bench_chat(requests: int, reference: bool, counts: dict[str, int], monkeypatch: pytest.MonkeyPatch) -> list:
+    original = stepwise.StepwiseReplica._prefill_segment
+
+    def counting(self: stepwise.StepwiseReplica, *args: float) -> tuple[int, bool]:
+        queued = bool(self.waiting)
+        ran, more = original(self, *args)
+        counts["prefill"] += ran
+        counts["queued"] += ran if queued else 0
+        return ran, more
+
+    monkeypatch.setattr(stepwise.StepwiseReplica, "_prefill_segment", counting)
+    profile = load_profile("bench-chat")
+    calibration = load_calibration(profile)
+    context = ModeContext(profile=profile, calibration=calibration, seed=profile.seed)
+    plan = build_load_plan(profile, seed=profile.seed, requests=requests)
+    engine = SimEngine(
+        calibration,
+        profile.knobs,
+        plan,
+        seed=profile.seed,
+        policy=make_policy("slos-serve", context),
+        reference=reference,
+    )
+    records = engine.run()
+    counts["steps"] = engine.step
+    return records
+
+
+def test_bench_chat_runs_its_prefill_chunks_in_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """About a quarter of bench-chat's steps carry a prefill chunk beside the decodes, among them the steps that
+    admit a queued request; most of them run in stretches now, with a request queued in a good share."""
+    fast = {"prefill": 0, "queued": 0}
+    records = _bench_chat(600, False, fast, monkeypatch)
+    reference = {"prefill": 0, "queued": 0}
+    assert_same_records(records, _bench_chat(600, True, reference, monkeypatch))
+    assert reference["prefill"] == 0
+    assert fast["prefill"] > 0.15 * fast["steps"]
+    assert fast["queued"] > 0.2 * fast["prefill"]
