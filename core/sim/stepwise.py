@@ -167,10 +167,10 @@ class StepwiseReplica(EngineReplica):
         decoding = self.decoding
         if check is None or self.prefilling or not decoding:
             return 0
-        most = min(item.out_left for item in decoding)  # the last of them completes a request
         fits = check(self)
         if fits is None:
             return 0
+        most = min(item.out_left for item in decoding)  # the last of them completes a request
         n = len(decoding)
         step_time = self.model.step_time
         capacity = self.kv_capacity
