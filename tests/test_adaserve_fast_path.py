@@ -14,37 +14,22 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pytest
 
 from core.backend_api import EngineSample, LoadPlan
 from core.control.adaserve.policy import AdaServePolicy
 from core.modes import ModeContext, make_policy
 from core.profile import AdaServeSpec, Calibration, KnobsSpec, StallModel, load_calibration, load_profile
-from core.records import RequestRecord, RequestSLO, RequestSpec
-from core.sim import stepwise
+from core.records import RequestRecord
 from core.sim.engine import SimEngine
 from core.workload import build_load_plan
 from tests.test_sim import tiny_calibration
 from tests.test_sim_fast_path import PROFILES, assert_same_records
+from tests.test_slos_serve_fast_path import _count_stretch_steps, _pressure_plan
 
 REQUESTS = 200
 
 Run = tuple[list[RequestRecord], list[EngineSample], list[Any]]
-
-
-def _count_stretch_steps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The steps each run_decode_steps call runs (so that a test cannot pass with no stretch run)."""
-    ran: list[int] = []
-    original = stepwise.StepwiseReplica.run_decode_steps
-
-    def counting(self: stepwise.StepwiseReplica, *args: float) -> int:
-        steps = original(self, *args)
-        ran.append(steps)
-        return steps
-
-    monkeypatch.setattr(stepwise.StepwiseReplica, "run_decode_steps", counting)
-    return ran
 
 
 def _planner_state(policy: Any) -> list[Any]:
@@ -91,22 +76,6 @@ def test_bench_chat_runs_plain_steps_in_stretches(monkeypatch: pytest.MonkeyPatc
     assert sum(ran) > 0.2 * steps
 
 
-def _tpot_plan(tpots: tuple[float, ...], count: int = 240) -> LoadPlan:
-    rng = np.random.default_rng(5)
-    specs = [
-        RequestSpec(
-            request_id=i,
-            prompt_tokens=int(rng.integers(50, 700)),
-            output_tokens=int(rng.integers(20, 300)),
-            arrival_s=float(0.04 * i + (0.5 if i % 40 == 0 else 0.0)),
-            slo=RequestSLO(ttft_s=1.0, tpot_s=float(rng.choice(tpots))),
-            acceptance=0.7,
-        )
-        for i in range(count)
-    ]
-    return LoadPlan(requests=iter(specs), mode="open", max_requests=len(specs))
-
-
 @pytest.mark.parametrize(
     ("case", "calibration", "knobs", "spec"),
     [
@@ -148,7 +117,7 @@ def test_adaserve_stretches_equal_the_reference_under_pressure(
     # Tiers around the plain step (10 ms at this calibration, plus the context and the prompt chunks).
     tpots = (0.0105, 0.012, 0.02, 0.05)
     runs = [
-        _engine_run(calibration, knobs, _tpot_plan(tpots), AdaServePolicy(spec, calibration, seed=3), 4, reference)
+        _engine_run(calibration, knobs, _pressure_plan(tpots), AdaServePolicy(spec, calibration, seed=3), 4, reference)
         for reference in (False, True)
     ]
     _assert_same(*runs)
