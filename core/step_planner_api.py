@@ -85,6 +85,7 @@ class StepReplicaView(Protocol):
     """What a step planner may read of its replica (core/sim/stepwise.StepwiseReplica)."""
 
     index: int
+    clock: float  # the replica's clock: where the step it is about to run starts
     model: StepTimeModel  # the replica's step-time model (the same one that prices each step)
     width: int  # speculation width the knobs set (0: off)
     max_seqs: int
@@ -127,7 +128,8 @@ class PlainDecodePlanner(StepPlanner, Protocol):
         a function `fits(kv_used)` whose True promises that `plan`, asked with the replica as it is now but at
         a later clock and with `kv_used` KV tokens in use, gives the plain decode batch. The steps the replica
         runs on that promise never reach `plan`, so the planner must keep no state that those calls would
-        have updated."""
+        have updated, or `fits` updates it itself when it answers True (the replica then runs that step, which
+        starts at its `clock`; AdaServe's step lengths)."""
         ...
 
     def plain_prefill_check(

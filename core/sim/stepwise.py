@@ -188,10 +188,10 @@ class StepwiseReplica(EngineReplica):
         decoding = self.decoding
         if check is None or not decoding:
             return 0, False
-        most = min(item.out_left for item in decoding)  # the last of them completes a request
-        fits = check(self)
+        fits = check(self)  # asked before the min over the batch: a refusal then costs nothing
         if fits is None:
             return 0, False
+        most = min(item.out_left for item in decoding)  # the last of them completes a request
         n = len(decoding)
         step_time = self.model.step_time
         capacity = self.kv_capacity

@@ -18,6 +18,7 @@ a comparison differs only in how the verification tokens are chosen.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,7 @@ class TreePlanner:
         self._last_plan_s = 0.0  # when the planner last planned a step
         self._stake_start = 0  # _slo_at_stake's first position to check: where it last found a request at stake
         self._no_prefill: PrefillLoad | None = None  # _prefill_load's answer with nothing queued or prefilling
+        self._at_stake = False  # whether _slo_at_stake found a request at stake in the last step planned
 
     def plan(self, replica: StepReplicaView, now: float) -> BatchPlan:
         decoding = replica.decoding
@@ -104,7 +106,7 @@ class TreePlanner:
             if decoding:
                 # Decoding requests were in the last step, so it ran back to back with this one: no idle gap.
                 self._steps.add(last_step_s)
-                at_stake = self._slo_at_stake(replica, now)
+                at_stake = self._at_stake = self._slo_at_stake(replica, now)
                 if at_stake or replica.waiting:
                     prefill = self._prefill_load(replica)
                 if not at_stake and not prefill.held_back:
@@ -130,6 +132,52 @@ class TreePlanner:
             plan_fcfs_prefill(replica, batch, replica.token_budget - verified)
         self._last_plan = batch
         return batch
+
+    def plain_decode_check(self, replica: StepReplicaView) -> Callable[[float], bool] | None:
+        """The replica's stretch hook (PlainDecodePlanner, core/step_planner_api.py). With speculation that must
+        pay (issue 21), nothing prefilling and nothing queued, `plan` gives vLLM's plain decode step exactly
+        when no decoding request's SLO is at stake (`_slo_at_stake`), and that answer depends only on the
+        clock, the KV in use, the tokens each request has left and the replica's step lengths. `fits` asks it
+        as `plan` would for the step about to start (the replica's clock; `kv_used`; every request's tokens
+        less the steps this stretch has run so far) and, where it answers True (the step then runs), keeps
+        what `plan` keeps of a plain step: its length among the last ones, when it planned, the scheduler's
+        counts. A False changes nothing, so `plan` then asks the same question afresh."""
+        if self._at_stake or not self.scheduler.must_pay or replica.waiting or replica.prefilling:
+            # (At stake last step, a request usually still is: `plan` then asks, and nothing is asked twice.)
+            return None
+        decoding = replica.decoding
+        n = len(decoding)
+        step_time = replica.model.step_time
+        token_budget = replica.token_budget
+        lengths = self._steps
+        sums = lengths.sums
+        record = self.scheduler.record
+        ran = 0  # steps this stretch has run (the requests' out_left is brought up to date after it)
+
+        def fits(kv_used: float) -> bool:
+            nonlocal ran
+            now = replica.clock  # the step's start, where step_once plans it
+            last_step_s = now - self._last_plan_s
+            seen = len(sums)  # the steps kept once this one is added (StepLengths.add)
+            if seen + 1 > 2 * StepLengths.KEEP:
+                return False  # (the add would drop the oldest half; `plan` does it)
+            busy = sums[-1] + last_step_s  # the running sum after the add, as StepLengths.add computes it
+            spike_s = step_time(token_budget, kv_used, 0, n + 1)
+            # _slo_at_stake's test; sums[-1 - k] after the add is sums[-k] now (k >= 1).
+            for item in decoding:
+                track = item.planned
+                deadline = (track if track is not None else self._track(item)).deadline
+                left = item.out_left - ran
+                k = left if left < seen else seen
+                if now + (left - 1) * (busy - sums[-k]) / k + spike_s > deadline:
+                    return False
+            lengths.add(last_step_s)
+            self._last_plan_s = now
+            record(n, n, n)
+            ran += 1
+            return True
+
+        return fits
 
     def _plain_decode(self, replica: StepReplicaView, batch: BatchPlan) -> BatchPlan:
         """vLLM's step without speculation: one token per decoding request, no draft pass, prefill after."""
