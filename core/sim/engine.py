@@ -210,17 +210,7 @@ class SimEngine:
         controlled: ControlledRequest | None = None,
     ) -> None:
         """Hand `spec` to replica `replica` at `now` (the fast path's send, or the controller's release)."""
-        req = SimRequest(
-            spec=spec,
-            latency_from_s=latency_from_s,
-            sent_s=sent_s,
-            dispatched_s=now,
-            prompt_left=spec.prompt_tokens,
-            out_left=spec.output_tokens,
-            controlled=controlled,
-            tier=tier,
-        )
-        self.replicas[replica].enqueue(req, now)
+        self.replicas[replica].enqueue(SimRequest.arrived(spec, latency_from_s, sent_s, now, controlled, tier), now)
 
     def _ask_policy(self, now: float) -> None:
         """Release what the policy lets go now."""

@@ -81,6 +81,40 @@ class SimRequest:
     controlled: Any = None
     tier: str | None = None
 
+    @classmethod
+    def arrived(
+        cls,
+        spec: RequestSpec,
+        latency_from_s: float,
+        sent_s: float,
+        dispatched_s: float,
+        controlled: Any,
+        tier: str | None,
+    ) -> SimRequest:
+        """A request's first run, as it enters a replica: the whole prompt and output still to go.
+
+        Built positionally, every field in order with the defaults written out: 0.9 us against 1.8 with
+        keywords, once per request (tests/test_sim_requests.py holds it to the keyword form)."""
+        return cls(
+            spec,
+            latency_from_s,
+            spec.prompt_tokens,
+            0,
+            spec.output_tokens,
+            1.0,
+            -1,
+            -1,
+            0,
+            0,
+            0,
+            [],
+            True,
+            sent_s,
+            dispatched_s,
+            controlled,
+            tier,
+        )
+
 
 # (request, end time, chunk times, chunk sizes or None for one token per chunk)
 CompletionCallback = Callable[[SimRequest, float, np.ndarray, "np.ndarray | None"], None]
