@@ -141,6 +141,46 @@ class RequestRecord:
             dispatched_s,
         )
 
+    @classmethod
+    def served(
+        cls,
+        spec: RequestSpec,
+        arrival_s: float,
+        sent_s: float,
+        end_s: float,
+        chunk_times: np.ndarray | None,
+        chunk_tokens: np.ndarray | None,
+        preemptions: int,
+        tier: str | None,
+        replica: int | None,
+        dispatched_s: float | None,
+    ) -> RequestRecord:
+        """`from_spec` of a request an engine served in full (status ok, every output token streamed), its
+        arguments positional: the simulator's completion path (100k records a run), where from_spec's eleven
+        keywords cost 1.8 us a record against 1.2 (tests/test_records.py holds the two equal)."""
+        return cls(
+            spec.request_id,
+            spec.task,
+            spec.slo,
+            spec.prompt_tokens,
+            spec.output_tokens,
+            spec.arrival_s,
+            arrival_s,
+            Status.OK,
+            end_s,
+            spec.output_tokens,
+            chunk_times,
+            chunk_tokens,
+            None,
+            spec.warmup,
+            preemptions,
+            spec.client_id,
+            sent_s,
+            tier,
+            replica,
+            dispatched_s,
+        )
+
     @property
     def ok(self) -> bool:
         return self.status is Status.OK

@@ -103,6 +103,8 @@ class SimEngine:
         self.replicas = [self._make_replica(i, calibration, knobs, _replica_rng(seed, i)) for i in range(replicas)]
         self.views = [SimReplicaView(r) for r in self.replicas]
         self._passthrough = self.policy.passthrough and replicas == 1
+        if self._passthrough:
+            self.replicas[0].on_complete = self._on_served
         # fcfs on one plain replica (not a planner's) takes the hot loop (_advance_passthrough) and runs
         # stretches of decode-only steps in one call (replica.run_decode_steps); `reference=True` steps every
         # iteration through step_once instead (the tests compare the two).
@@ -233,21 +235,31 @@ class SimEngine:
 
     def _emit(self, req: SimRequest, end: float, times: np.ndarray, sizes: np.ndarray | None, replica: int) -> None:
         spec = req.spec
-        record = RequestRecord.from_spec(
+        record = RequestRecord.served(
             spec,
-            arrival_s=req.latency_from_s,
-            sent_s=req.sent_s,
-            status=Status.OK,
-            end_s=end,
-            output_tokens=spec.output_tokens,
-            chunk_times=times,
-            chunk_tokens=sizes,
-            preemptions=req.preemptions,
-            tier=req.tier,
-            replica=replica,
-            dispatched_s=req.dispatched_s,
+            req.latency_from_s,
+            req.sent_s,
+            end,
+            times,
+            sizes,
+            req.preemptions,
+            req.tier,
+            replica,
+            req.dispatched_s,
         )
         self._publish(record, spec, end)
+
+    def _on_served(self, req: SimRequest, end: float, times: np.ndarray, sizes: np.ndarray | None) -> None:
+        """_on_complete on the fcfs fast path (nothing controlled, one replica): _emit, _publish and _keep in
+        one call, once per request."""
+        spec = req.spec
+        record = RequestRecord.served(
+            spec, req.latency_from_s, req.sent_s, end, times, sizes, req.preemptions, req.tier, 0, req.dispatched_s
+        )
+        self.clients.on_done(spec, end)
+        self.records.append(record)
+        if self.on_record is not None:
+            self.on_record(record)
 
     def _emit_unserved(
         self,
