@@ -387,16 +387,22 @@ class EngineReplica:
         return ran, completing
 
     def step_once(self) -> bool:
-        """Form one batch and execute it. Returns False when there was nothing to run."""
+        """Form one batch and execute it. Returns False when there was nothing to run.
+
+        The eventful step (100k of them in a 100k bench-chat run: every admission): `_blocks`, `_noisy` and
+        `_record_step_end` are written out here with the same arithmetic (the planner path, stepwise.py, calls
+        them), and the replica's fields are read into locals once."""
         budget = self.token_budget
         width = self.width
-        decode_tokens = self.decoding * (width + 1)
+        decoding = self.decoding
+        decode_tokens = decoding * (width + 1)
         budget -= decode_tokens
         prefill_tokens = 0
         prefill_seqs = 0
         finished_prefill: list[SimRequest] = []
         # Continue chunked prefills first (they are already running).
-        for req in self.prefilling:
+        prefilling = self.prefilling
+        for req in prefilling:
             if budget <= 0:
                 break
             chunk = req.prompt_left if req.prompt_left <= budget else budget
@@ -408,43 +414,71 @@ class EngineReplica:
                 finished_prefill.append(req)
         # Admit waiting requests while sequences, budget and KV allow.
         waiting = self.waiting
-        while waiting and budget > 0 and len(self.running_order) < self.max_seqs:
-            req = waiting[0]
-            chunk = req.prompt_left if req.prompt_left <= budget else budget
-            if chunk < req.prompt_left and not self.chunked:
-                break  # whole prompts only
-            need = self._blocks(req.context + req.prompt_left + 1) - req.context
-            if self.kv_used + need > self.kv_capacity:
-                break  # no room: wait for completions (vLLM admits nothing it cannot hold)
-            waiting.popleft()
-            req.admitted_order = self._admit_seq
-            self._admit_seq += 1
-            self.running_order.append(req)
-            self.kv_used += need
-            req.context += need
-            req.prompt_left -= chunk
-            budget -= chunk
-            prefill_tokens += chunk
-            prefill_seqs += 1
-            if req.prompt_left == 0:
-                finished_prefill.append(req)
-            else:
-                self.prefilling.append(req)
-        sequences = self.decoding + prefill_seqs
+        kv_used = self.kv_used
+        if waiting:
+            running_order = self.running_order
+            max_seqs = self.max_seqs
+            block = self.block
+            capacity = self.kv_capacity
+            while waiting and budget > 0 and len(running_order) < max_seqs:
+                req = waiting[0]
+                prompt_left = req.prompt_left
+                chunk = prompt_left if prompt_left <= budget else budget
+                if chunk < prompt_left and not self.chunked:
+                    break  # whole prompts only
+                context = req.context
+                need = -(-(context + prompt_left + 1) // block) * block - context  # _blocks(...) - context
+                if kv_used + need > capacity:
+                    break  # no room: wait for completions (vLLM admits nothing it cannot hold)
+                waiting.popleft()
+                req.admitted_order = self._admit_seq
+                self._admit_seq += 1
+                running_order.append(req)
+                kv_used += need
+                req.context = context + need
+                prompt_left -= chunk
+                req.prompt_left = prompt_left
+                budget -= chunk
+                prefill_tokens += chunk
+                prefill_seqs += 1
+                if prompt_left == 0:
+                    finished_prefill.append(req)
+                else:
+                    prefilling.append(req)
         if decode_tokens == 0 and prefill_tokens == 0:
+            self.kv_used = kv_used
             return False
 
-        spec_steps = width if self.decoding else 0
-        dt = self._noisy(self.model.step_time(decode_tokens + prefill_tokens, self.kv_used, spec_steps, sequences))
-        step = self._record_step_end(dt)
+        dt = self.model.step_time(
+            decode_tokens + prefill_tokens, kv_used, width if decoding else 0, decoding + prefill_seqs
+        )
+        # _noisy
+        i = self._noise_i
+        if i >= NOISE_BLOCK:
+            self._noise = self._noise_block()
+            i = 0
+        self._noise_i = i + 1
+        dt *= float(self._noise[i])
+        # _record_step_end
+        if self._stalls is not None:
+            dt += self._stalls.stall_within(dt)
+        clock = self.clock + dt
+        self.clock = clock
+        self.busy_s += dt
+        step = self.step
+        if step - self._block_base >= STEP_BLOCK:
+            self._next_step_block()
+        self.step_times[step - self._block_base] = clock
 
         # Decodes grew the KV cache by their emitted tokens this step.
-        if self.decoding:
-            self.kv_used += self.decode_rate
+        if decoding:
+            kv_used += self.decode_rate
             self.generated_tokens += self.decode_rate
+        self.kv_used = kv_used
 
         if finished_prefill:
-            self.prefilling = [r for r in self.prefilling if r.prompt_left > 0]
+            if prefilling:
+                self.prefilling = [r for r in prefilling if r.prompt_left > 0]
             for req in finished_prefill:
                 self._start_decoding(req, step)
 
