@@ -448,6 +448,8 @@ class SimEngine:
             if (
                 not (
                     decode_runs
+                    # A waiting request the next step admits (after each arrival): run_decode_steps would return 0.
+                    and not (replica.waiting and replica.admits_head())
                     and replica.run_decode_steps(
                         self.clock,
                         clients.next_send_time(),

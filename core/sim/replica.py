@@ -258,7 +258,7 @@ class EngineReplica:
             ]
         )
 
-    def _admits_head(self) -> bool:
+    def admits_head(self) -> bool:
         """Whether a step starting now would admit the first waiting request (step_once's admission test)."""
         if not self.waiting or len(self.running_order) >= self.max_seqs:
             return False
@@ -298,7 +298,7 @@ class EngineReplica:
         send and until tests, decoding requests left, no admission now that the cache has room). The steps
         also stop after the first one whose end reaches `sample_s`, so the caller samples the engine exactly
         where step_once would."""
-        if self.prefilling or not self.decoding or self._stalls is not None or self._admits_head():
+        if self.prefilling or not self.decoding or self._stalls is not None or self.admits_head():
             return 0
         heap = self.decode_heap
         ran = 0
@@ -317,7 +317,7 @@ class EngineReplica:
                 return ran
             # What the caller's loop would test before its next call (the sample first: it samples there).
             now = self.clock if self.clock > clock_floor else clock_floor
-            if now >= sample_s or now >= send_s or self.clock >= until_s or not self.decoding or self._admits_head():
+            if now >= sample_s or now >= send_s or self.clock >= until_s or not self.decoding or self.admits_head():
                 return ran
 
     def _decode_batch_steps(
