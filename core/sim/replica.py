@@ -345,12 +345,12 @@ class EngineReplica:
         times = self.step_times
         base = self._block_base
         completing = False
-        while (
-            step <= first_finish
-            and clock < until_s
-            and (clock if clock > clock_floor else clock_floor) < send_s
-            and kv + rate <= capacity
-        ):
+        # The caller's tests on max(clock, clock_floor), split (for floats, max(c, f) < x is c < x and f < x):
+        # the floor's half is fixed for the run, so a step starts while clock < start_limit, and the run stops
+        # after a step whose clock reaches sample_limit.
+        start_limit = (until_s if until_s < send_s else send_s) if clock_floor < send_s else -math.inf
+        sample_limit = sample_s if clock_floor < sample_s else -math.inf
+        while step <= first_finish and clock < start_limit and kv + rate <= capacity:
             if single is not None:
                 value = single_fixed + single_k_ctx * kv + single_tail
                 best = value if value > floor_s else floor_s
@@ -379,7 +379,7 @@ class EngineReplica:
                 completing = True
                 break
             step += 1
-            if (clock if clock > clock_floor else clock_floor) >= sample_s:
+            if clock >= sample_limit:
                 break
         self.kv_used = kv
         self.clock = clock
