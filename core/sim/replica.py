@@ -536,6 +536,14 @@ class EngineReplica:
             self.decoding -= 1
             self.decode_rate -= req.tokens_per_step
             self.kv_used -= (step - req.prefill_end_step) * req.tokens_per_step
+        first = req.prefill_end_step
+        block, offset = divmod(first, STEP_BLOCK)
+        if req.tokens_per_step == 1.0 and not req.done_runs and step - first < STEP_BLOCK - offset:
+            # _run_chunks' and _step_span's usual case written out (one token a step, one run, one step block):
+            # the timeline is a view, and its last entry is this step's end.
+            times = self._step_blocks[block][offset : offset + step - first + 1]
+            self.on_complete(req, float(times[-1]), times, None)
+            return
         run_tokens = req.spec.output_tokens - req.generated
         times, sizes = self._run_chunks(req, step, run_tokens)
         if req.done_runs:
