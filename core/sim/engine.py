@@ -169,8 +169,8 @@ class SimEngine:
                 f"exceeds max_model_len {self.max_model_len}",
             )
             return
-        if self._passthrough:
-            self._enqueue(spec, 0, t, latency_from_s=scheduled, sent_s=t, tier=TIER_FAST_PATH)
+        if self._passthrough:  # _enqueue's work, without its keywords (once per request)
+            self.replicas[0].enqueue(SimRequest.arrived(spec, scheduled, t, t, None, TIER_FAST_PATH), t)
             return
         controlled = ControlledRequest(spec=spec, arrival_s=scheduled)
         controlled.state["sent_s"] = t

@@ -176,7 +176,8 @@ class EngineReplica:
 
     def enqueue(self, req: SimRequest, now: float) -> None:
         """Accept a request released at `now`; an idle replica's next step starts no earlier than that."""
-        self._wake_at(now)
+        if self.clock < now and not (self.running_order or self.waiting):  # _wake_at, once per request
+            self.clock = now
         if self.width > 0:
             req.tokens_per_step = expected_accepted_tokens(self._draw_acceptance(req.spec), self.width)
         self.waiting.append(req)
