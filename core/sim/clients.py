@@ -43,10 +43,6 @@ class ClientDriver:
             self._send_order = plan.concurrency or 1
         else:
             self._lookahead = self._pull_spec()
-        # next_send_time() kept as a field, brought up to date wherever the lookahead or the client heap changes
-        # (the simulation's hot loop reads it before every engine step; `release` with nothing blocked does
-        # nothing before it).
-        self.next_send_s = self._next_send()
 
     def _pull_spec(self) -> RequestSpec | None:
         if self._exhausted:
@@ -70,15 +66,10 @@ class ClientDriver:
         self._send_cb(spec, t, spec.arrival_s)
 
     def release(self, now: float) -> None:
-        """Send every request whose time has come by `now` (open-loop schedule or closed-loop client). With
-        nobody blocked and `next_send_s` after `now` it does nothing."""
+        """Send every request whose time has come by `now` (open-loop schedule or closed-loop client)."""
         lookahead = self._lookahead
         if lookahead is not None and lookahead.arrival_s > now and not self.blocked:
             return  # open loop, nothing due (the simulation asks before every engine step)
-        self._release(now)
-        self.next_send_s = self._next_send()
-
-    def _release(self, now: float) -> None:
         if self._closed:
             sends = self._client_sends
             while sends and sends[0][0] <= now:
@@ -113,9 +104,6 @@ class ClientDriver:
                 self._send(spec, spec.arrival_s)
 
     def next_send_time(self) -> float:
-        return self.next_send_s
-
-    def _next_send(self) -> float:
         if self._closed:
             return self._client_sends[0][0] if self._client_sends else math.inf
         if self._lookahead is not None:
@@ -128,7 +116,6 @@ class ClientDriver:
         if self._closed and spec.client_id is not None:
             heapq.heappush(self._client_sends, (next_send_s(self.plan, t), spec.client_id, self._send_order))
             self._send_order += 1
-            self.next_send_s = self._client_sends[0][0]
 
     def idle(self) -> bool:
         """Nobody waits for an in-flight slot and nothing is in flight (whatever is still to be sent)."""

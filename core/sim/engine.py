@@ -438,10 +438,9 @@ class SimEngine:
         through_completions = self._runs_through_completions
         sampling = self.on_sample is not None
         while not self.finished:
-            if clients.next_send_s <= self.clock or clients.blocked:  # else release() would do nothing
-                clients.release(self.clock)
+            clients.release(self.clock)
             if not (replica.running_order or replica.waiting):  # idle: jump to the next send
-                if not self._idle_to(clients.next_send_s, until_s):
+                if not self._idle_to(clients.next_send_time(), until_s):
                     break
                 continue
             if replica.clock >= until_s:
@@ -453,7 +452,7 @@ class SimEngine:
                     and not (replica.waiting and replica.admits_head())
                     and replica.run_decode_steps(
                         self.clock,
-                        clients.next_send_s,
+                        clients.next_send_time(),
                         until_s,
                         self._next_sample_s if sampling else math.inf,
                         through_completions=through_completions,
