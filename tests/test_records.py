@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 
-from core.records import RequestRecord, RequestSLO, RequestSpec
+from core.records import RequestRecord, RequestSLO, RequestSpec, Status
 
 # Record field <- spec field.
 FROM_SPEC = {
@@ -65,3 +65,14 @@ def test_defaults_are_the_records_own_or_the_specs() -> None:
         else:
             assert parameter.default == defaults[name], name
             assert getattr(record, name) == defaults[name], name
+
+
+def test_served_is_from_spec_of_a_served_request() -> None:
+    spec = _spec()
+    names = ("arrival_s", "sent_s", "end_s", "chunk_times", "chunk_tokens", "preemptions", "tier", "replica")
+    values = {name: object() for name in (*names, "dispatched_s")}  # distinct sentinels: a swapped position shows
+    record = RequestRecord.served(spec, *values.values())
+    expected = RequestRecord.from_spec(spec, status=Status.OK, output_tokens=spec.output_tokens, **values)
+    for field in dataclasses.fields(RequestRecord):
+        assert getattr(record, field.name) == getattr(expected, field.name), field.name
+    assert record.status is Status.OK and record.output_tokens == 13 and record.error is None

@@ -203,6 +203,9 @@ def _select(series: GapSeries, histogram: _BinCounts, ranks: list[int]) -> dict[
     filled = [0] * len(positions)
     for gaps in series.blocks():
         slot = slot_of_bin[_bins(gaps) - histogram.first]
+        # The few gaps in a wanted bin first (one pass over the block), then each bin's among them, in order.
+        wanted = slot >= 0
+        gaps, slot = gaps[wanted], slot[wanted]
         for j in range(len(positions)):
             found = gaps[slot == j]
             members[j][filled[j] : filled[j] + len(found)] = found
