@@ -72,7 +72,7 @@ def run_on_gateway_loop(main: Coroutine[Any, Any, T]) -> T:
 
 
 def running_loop_name() -> str:
-    """"uvloop" or "asyncio": which event loop runs the calling coroutine."""
+    """Which event loop runs the calling coroutine: "uvloop" or "asyncio"."""
     return "uvloop" if type(asyncio.get_running_loop()).__module__.startswith("uvloop") else "asyncio"
 
 
