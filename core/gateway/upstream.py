@@ -53,7 +53,7 @@ def drop_tracebacks(exc: BaseException) -> None:
 
 
 class DirectConnector(aiohttp.TCPConnector):
-    """aiohttp's TCP connector, but a plain-TCP connection to one numeric address is made by the event loop's
+    """aiohttp's TCP connector, but a plain-TCP connection to a host with one address is made by the event loop's
     own `create_connection(host, port)` instead of happy eyeballs' `socket()` + `sock_connect` +
     `create_connection(sock=...)`.
 
