@@ -68,13 +68,14 @@ class DirectConnector(aiohttp.TCPConnector):
     direct_connections = 0  # connections made the direct way (counted: a test asserts the path is taken)
 
     async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> tuple[asyncio.Transport, Any]:
-        addr_infos = kwargs.get("addr_infos")
+        addr_infos = kwargs.get("addr_infos")  # absent before aiohttp 3.10: its own path then
         if (
             not addr_infos
             or len(addr_infos) != 1
             or kwargs.get("ssl")
-            or self._local_addr_infos
-            or self._socket_factory is not None
+            or getattr(self, "_local_addr_infos", None)
+            or getattr(self, "_socket_factory", None) is not None
+            or any(addr_infos[0][4][2:])  # an IPv6 flow or scope id, which host and port cannot carry
         ):
             return await super()._wrap_create_connection(*args, **kwargs)
         request, timeout = kwargs["req"], kwargs["timeout"]
