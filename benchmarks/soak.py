@@ -1,7 +1,7 @@
 """Soak: many requests through the admission gateway over upstreams that misbehave on a seeded schedule.
 
     python benchmarks/soak.py [--requests 20000] [--rate 60] [--seed 0] [--max-seconds 600]
-        [--baseline-requests 3000] [--in-process] [--worker-cpus C,U] [--one-fault FAULT]
+        [--baseline-requests 3000] [--in-process] [--worker-cpus C,U] [--one-fault FAULT] [--asyncio-loop]
 
 Three processes, on 127.0.0.1 only (benchmarks/soak_load.py): this one runs the gateway alone, as in
 production (core/gateway/server.py, the same `Gateway` the standalone server runs, with a port where nothing
@@ -10,7 +10,9 @@ client (Poisson arrivals at `--rate`), each run in a process of its own that die
 included). `--in-process` runs all three on one event loop, the soak's first form (the added latency then
 includes the time the client and the upstream took on that loop); `--worker-cpus` pins the client and the
 upstream to the given cores (pin this process with taskset); `--one-fault` gives half the requests that one
-fault and leaves the other half untouched (what one fault costs the gateway).
+fault and leaves the other half untouched (what one fault costs the gateway). The gateway runs on the loop
+`slo-console gateway` serves on (uvloop's where installed, core/gateway/standalone.py); `--asyncio-loop` runs
+it on asyncio's default loop, the soak's form before 2026-11-26 afternoon.
 
 Each request draws one fault from `FAULTS` (seeded; benchmarks/soak_faults.py): the upstream dies
 mid-stream, resets the connection, hangs without sending, truncates the stream or sends malformed events or
@@ -69,9 +71,9 @@ from benchmarks.soak_faults import (
     draw_faults,
 )
 from benchmarks.soak_ledger import ErrorLogs, GatewayRecord, cpu_s, join, open_fds
-from benchmarks.soak_load import InProcessLoad, ProcessLoad
+from benchmarks.soak_load import InProcessLoad, ProcessLoad, first_spawn
 from core.gateway.server import Gateway
-from core.gateway.standalone import settle_heap
+from core.gateway.standalone import run_on_gateway_loop, running_loop_name, settle_heap
 from core.metrics import percentiles
 
 IDLE_S = 3.5  # after the run, the wait before the live-memory count (the upstream pool's keep-alive is 3 s)
@@ -131,6 +133,8 @@ async def soak(
     """Send `requests` through a gateway in front of the misbehaving upstream; see the module docstring.
     `in_process`: client and upstream on this process's event loop instead of processes of their own;
     `worker_cpus`: the cores to pin the client's and the upstream's processes to."""
+    if not in_process:
+        await first_spawn()
     gc.collect()
     tasks_before, fds_before = len(asyncio.all_tasks()), open_fds()
     errors = ErrorLogs()
@@ -323,6 +327,7 @@ async def run(args: argparse.Namespace) -> int:
     if cpus is not None and len(cpus) != 2:
         raise SystemExit("--worker-cpus takes two cores: the client's, the upstream's (e.g. 1,2)")
     how = {"max_seconds": args.max_seconds, "in_process": args.in_process, "worker_cpus": cpus}
+    print(f"soak: the gateway on the {running_loop_name()} loop", flush=True)
     baseline = None
     if args.baseline_requests:
         baseline = await soak(args.baseline_requests, args.rate, args.seed, faulty=False, **how)
@@ -334,7 +339,7 @@ async def run(args: argparse.Namespace) -> int:
     found = problems(result, baseline) + (problems(baseline, None) if baseline is not None else [])
     print("checks: " + ("all passed" if not found else "; ".join(found)))
     mode = "one loop" if args.in_process else "processes"
-    print(f"table rows ({mode}, --rate {args.rate:g}, seed {args.seed}):")
+    print(f"table rows ({mode}, {running_loop_name()} loop, --rate {args.rate:g}, seed {args.seed}):")
     if baseline is not None:
         print(table_row("fault-free", baseline))
     print(table_row("with faults", result))
@@ -358,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--one-fault", choices=[name for name in FAULTS if name != UNTOUCHED], help="half the requests carry this fault"
     )
+    parser.add_argument(
+        "--asyncio-loop", action="store_true", help="the gateway on asyncio's default loop, not the product's uvloop"
+    )
     args = parser.parse_args(argv)
     if args.one_fault:
         os.environ[ONE_FAULT_ENV] = args.one_fault  # the workers draw the schedule too
@@ -366,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard == resource.RLIM_INFINITY or soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else max(soft, 65536), hard))
-    return asyncio.run(run(args))
+    return asyncio.run(run(args)) if args.asyncio_loop else run_on_gateway_loop(run(args))
 
 
 if __name__ == "__main__":

@@ -246,6 +246,14 @@ class Worker:
             self._lifeline = -1
 
 
+async def first_spawn() -> None:
+    """Start and wait for one trivial process, so that what a loop opens once for good at its first
+    subprocess is open before the soak counts descriptors: uvloop keeps one (/dev/null) from then on."""
+    pipe = asyncio.subprocess.PIPE  # as the workers are started: the descriptor comes with the first pipe
+    process = await asyncio.create_subprocess_exec(sys.executable, "-c", "", stdin=pipe, stdout=pipe)
+    await process.communicate()
+
+
 class ProcessLoad:
     """Client and upstream each in a process of its own; `cpus`: the cores to pin them to (client, upstream)."""
 

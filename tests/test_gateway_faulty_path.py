@@ -7,22 +7,32 @@ breaks the connection costs exactly its replacement (a reset: also the one retry
 StaleConnectionRetry). The scheduling wakeup is armed once per moment, not once per arrival and completion,
 and the soak's scripted mode, which runs in the gateway's process, answers a pump without reading the requests
 it holds for good. The faults are the soak's own (benchmarks/soak_faults.py), each carried out by its upstream.
+The connection tests run on both event loops: uvloop's, which `slo-console gateway` serves on, and asyncio's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import aiohttp
+import pytest
 from aiohttp import web
 
 from benchmarks.soak_faults import FAULTS, HOLD_S, HOST, ScriptedFaults, Upstream, send_one
 from core.controller_api import ControlledRequest
 from core.gateway.admission import AdmissionController
 from core.gateway.server import Gateway
+from core.gateway.standalone import run_on_gateway_loop
+from core.gateway.upstream import DirectConnector
 from core.records import RequestSpec
+
+# The product's loop (uvloop where installed) and asyncio's own.
+Runner = Callable[[Coroutine[Any, Any, Any]], Any]
+LOOPS: dict[str, Runner] = {"gateway's": run_on_gateway_loop, "asyncio's": asyncio.run}
+on_both_loops = pytest.mark.parametrize("run", LOOPS.values(), ids=LOOPS.keys())
 
 # Faults whose upstream answer ends as HTTP allows a reuse of its connection (no `refused`: it goes to the
 # dead port; no `rejected`/`deferred`/`held_hangup`: they never reach an upstream).
@@ -83,7 +93,8 @@ async def _through_gateway(faults: list[str], timeout_s: float = 0.5) -> tuple[_
     return upstream, gateway
 
 
-def test_faults_that_end_their_answer_cleanly_keep_the_upstream_connection() -> None:
+@on_both_loops
+def test_faults_that_end_their_answer_cleanly_keep_the_upstream_connection(run: Callable[..., Any]) -> None:
     async def scenario() -> None:
         faults = ["none"] + [fault for fault in CONNECTION_KEEPING for _ in range(3)] + ["none"]
         upstream, gateway = await _through_gateway(faults)
@@ -92,10 +103,11 @@ def test_faults_that_end_their_answer_cleanly_keep_the_upstream_connection() -> 
         assert upstream.connections() == 1, list(zip(faults, upstream.ports, strict=True))
         assert gateway.stats.failed == sum(FAULTS[fault][1] == "failed" for fault in faults)
 
-    asyncio.run(scenario())
+    run(scenario())
 
 
-def test_a_fault_that_breaks_the_connection_costs_its_replacement_and_no_more() -> None:
+@on_both_loops
+def test_a_fault_that_breaks_the_connection_costs_its_replacement_and_no_more(run: Callable[..., Any]) -> None:
     async def scenario() -> None:
         for fault, allowed in CONNECTION_BREAKING.items():
             upstream, _ = await _through_gateway(["none", fault, "none", "none"])
@@ -104,7 +116,7 @@ def test_a_fault_that_breaks_the_connection_costs_its_replacement_and_no_more() 
             assert opened <= allowed, f"{fault}: {opened} upstream connections opened (at most {allowed})"
             assert upstream.ports[-1] == upstream.ports[-2], f"{fault}: the requests after it did not share one"
 
-    asyncio.run(scenario())
+    run(scenario())
 
 
 def _held(request_id: int, arrival_s: float) -> ControlledRequest:
@@ -166,7 +178,8 @@ def test_the_scripted_mode_answers_a_pump_without_reading_what_it_holds_for_good
     assert len(policy.drain()) == 1000 and not policy.held
 
 
-def test_a_failed_upstream_request_leaves_no_reference_cycle_to_the_garbage_collector() -> None:
+@on_both_loops
+def test_a_failed_upstream_request_leaves_no_reference_cycle_to_the_garbage_collector(run: Callable[..., Any]) -> None:
     """aiohttp's error, its traceback and the frames in it form a cycle only the collector frees; each
     collection pauses the gateway's loop. The gateway unlinks a handled error from its traceback, so a
     refused connection (no transport made: nothing else can cycle) leaves nothing behind."""
@@ -192,6 +205,32 @@ def test_a_failed_upstream_request_leaves_no_reference_cycle_to_the_garbage_coll
         assert gateway.stats.failed == 21
         return cyclic
 
-    cyclic = asyncio.run(scenario())
+    cyclic = run(scenario())
     print(f"objects in reference cycles after 20 refused requests: {cyclic}")
     assert cyclic < 20, f"{cyclic} objects in reference cycles after 20 refused requests"
+
+
+@on_both_loops
+def test_new_upstream_connections_are_made_by_the_loop_and_a_refused_one_reads_as_on_aiohttps_path(
+    run: Callable[..., Any],
+) -> None:
+    """A new connection to a numeric upstream address goes straight to the loop's `create_connection`
+    (DirectConnector: no happy-eyeballs race with one address to race), and a refused one gives the cause, word
+    for word, that aiohttp's own connector gives, so each request's recorded cause stays the same."""
+
+    async def refused(connector: aiohttp.TCPConnector) -> str:
+        async with aiohttp.ClientSession(connector=connector) as session:
+            try:
+                await session.post(f"http://{HOST}:9/v1/completions", data=b"{}")
+            except aiohttp.ClientConnectorError as exc:
+                return f"{type(exc).__name__}: {exc}"
+        raise AssertionError("a connection to a port where nothing listens was not refused")
+
+    async def scenario() -> None:
+        assert await refused(DirectConnector()) == await refused(aiohttp.TCPConnector())
+        before = DirectConnector.direct_connections
+        upstream, gateway = await _through_gateway(["none", "die", "none"])
+        assert gateway.stats.completed == 2 and upstream.connections() == 2
+        assert DirectConnector.direct_connections - before == 2  # both made the direct way
+
+    run(scenario())

@@ -4,7 +4,9 @@ Every fault of `FAULTS` hits a few requests (seeded); the checks are the benchma
 in the outcome its fault must give, with a cause, the counters add up, no asyncio task or file descriptor
 outlives the run, and the gateway's added p99 for untouched requests stays within twice a fault-free run's.
 The client and the upstream run in processes of their own, as in the benchmark, and die with the soak even
-when it is SIGKILLed; the soak's first form (all on the gateway's loop) runs too, shorter.
+when it is SIGKILLed; the soak's first form (all on the gateway's loop) runs too, shorter. The long form runs
+the gateway on the loop `slo-console gateway` serves on (uvloop), as benchmarks/soak.py does; the short one on
+asyncio's, so both loops are held to the same accounting.
 The long run and its figures: docs/gateway.md, "Soak".
 """
 
@@ -20,6 +22,7 @@ from pathlib import Path
 
 from benchmarks.soak import describe, problems, soak
 from benchmarks.soak_faults import FAULTS, UNTOUCHED
+from core.gateway.standalone import run_on_gateway_loop
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,7 +43,7 @@ def test_a_short_soak_accounts_for_every_request_and_leaks_nothing() -> None:
         assert result.reasons["refused"].startswith("upstream http://127.0.0.1:")
         assert "client disconnected" in result.reasons["hangup_early"]
 
-    asyncio.run(scenario())
+    run_on_gateway_loop(scenario())
 
 
 def test_the_one_loop_soak_accounts_for_every_request_too() -> None:
