@@ -26,7 +26,6 @@ from core.controller_api import ControlledRequest
 from core.gateway.admission import AdmissionController
 from core.gateway.server import Gateway
 from core.gateway.standalone import run_on_gateway_loop
-from core.gateway.upstream import DirectConnector
 from core.records import RequestSpec
 
 # The product's loop (uvloop where installed) and asyncio's own.
@@ -208,29 +207,3 @@ def test_a_failed_upstream_request_leaves_no_reference_cycle_to_the_garbage_coll
     cyclic = run(scenario())
     print(f"objects in reference cycles after 20 refused requests: {cyclic}")
     assert cyclic < 20, f"{cyclic} objects in reference cycles after 20 refused requests"
-
-
-@on_both_loops
-def test_new_upstream_connections_are_made_by_the_loop_and_a_refused_one_reads_as_on_aiohttps_path(
-    run: Callable[..., Any],
-) -> None:
-    """A new connection to a numeric upstream address goes straight to the loop's `create_connection`
-    (DirectConnector: no happy-eyeballs race with one address to race), and a refused one gives the cause, word
-    for word, that aiohttp's own connector gives, so each request's recorded cause stays the same."""
-
-    async def refused(connector: aiohttp.TCPConnector) -> str:
-        async with aiohttp.ClientSession(connector=connector) as session:
-            try:
-                await session.post(f"http://{HOST}:9/v1/completions", data=b"{}")
-            except aiohttp.ClientConnectorError as exc:
-                return f"{type(exc).__name__}: {exc}"
-        raise AssertionError("a connection to a port where nothing listens was not refused")
-
-    async def scenario() -> None:
-        assert await refused(DirectConnector()) == await refused(aiohttp.TCPConnector())
-        before = DirectConnector.direct_connections
-        upstream, gateway = await _through_gateway(["none", "die", "none"])
-        assert gateway.stats.completed == 2 and upstream.connections() == 2
-        assert DirectConnector.direct_connections - before == 2  # both made the direct way
-
-    run(scenario())

@@ -3,7 +3,6 @@ the reachability probe. HTTP is aiohttp's; nothing here parses HTTP by hand."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,51 +51,6 @@ def drop_tracebacks(exc: BaseException) -> None:
         link = link.__cause__ or link.__context__
 
 
-class DirectConnector(aiohttp.TCPConnector):
-    """aiohttp's TCP connector, but a plain-TCP connection to a host with one address is made by the event loop's
-    own `create_connection(host, port)` instead of happy eyeballs' `socket()` + `sock_connect` +
-    `create_connection(sock=...)`.
-
-    Happy eyeballs races the addresses a name resolves to; an upstream given as an IP address has one, so
-    there is nothing to race. On uvloop (the gateway's loop) `sock_connect` is a Python socket, a poll handle
-    set up and torn down, and a future per connection; `create_connection` connects in libuv. A fault that
-    breaks a connection (an upstream that dies or hangs, a client that hangs up) makes the next request open a
-    new one, so this is a part of each such request's cost (docs/gateway.md, "What a faulty request costs the
-    gateway"). Anything else (names that resolve to several addresses, TLS, a local address, a socket
-    factory) takes aiohttp's own path. A refused connection raises the same error with the same words."""
-
-    direct_connections = 0  # connections made the direct way (counted: a test asserts the path is taken)
-
-    async def _wrap_create_connection(self, *args: Any, **kwargs: Any) -> tuple[asyncio.Transport, Any]:
-        addr_infos = kwargs.get("addr_infos")  # absent before aiohttp 3.10: its own path then
-        if (
-            not addr_infos
-            or len(addr_infos) != 1
-            or kwargs.get("ssl")
-            or getattr(self, "_local_addr_infos", None)
-            or getattr(self, "_socket_factory", None) is not None
-            or any(addr_infos[0][4][2:])  # an IPv6 flow or scope id, which host and port cannot carry
-        ):
-            return await super()._wrap_create_connection(*args, **kwargs)
-        request, timeout = kwargs["req"], kwargs["timeout"]
-        client_error = kwargs.get("client_error", aiohttp.ClientConnectorError)
-        family, _, proto, _, address = addr_infos[0]
-        loop_kwargs = {k: v for k, v in kwargs.items() if k not in ("addr_infos", "req", "timeout", "client_error")}
-        try:
-            async with asyncio.timeout(timeout.sock_connect):
-                transport, protocol = await self._loop.create_connection(
-                    *args, host=address[0], port=address[1], family=family, proto=proto, **loop_kwargs
-                )
-        except OSError as exc:
-            if exc.errno is None and isinstance(exc, TimeoutError):
-                raise
-            # The words asyncio's sock_connect uses on aiohttp's own path, so a request's cause reads the same.
-            failed = OSError(exc.errno, f"Connect call failed {address}")
-            raise client_error(request.connection_key, failed) from exc
-        type(self).direct_connections += 1
-        return transport, protocol
-
-
 class StaleConnectionRetry:
     """POST on a pooled session, with the one retry of a stale keep-alive connection on a fresh one.
 
@@ -138,7 +92,7 @@ class UpstreamClient:
     def __init__(self, request_timeout_s: float) -> None:
         self.session = aiohttp.ClientSession(
             # Idle upstream connections are dropped before uvicorn's 5 s keep-alive timeout closes them.
-            connector=DirectConnector(limit=0, keepalive_timeout=3.0),
+            connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=3.0),
             timeout=aiohttp.ClientTimeout(total=request_timeout_s, connect=10.0),
             auto_decompress=False,
             # One session serves every client: an upstream's cookies must not pass from one client to the next.
@@ -147,7 +101,7 @@ class UpstreamClient:
         self._poster = StaleConnectionRetry(
             self.session,
             lambda: aiohttp.ClientSession(
-                connector=DirectConnector(limit=0, force_close=True),
+                connector=aiohttp.TCPConnector(limit=0, force_close=True),
                 timeout=self.session.timeout,
                 auto_decompress=False,
                 cookie_jar=aiohttp.DummyCookieJar(),
