@@ -137,25 +137,14 @@ class SlosServeStepPlanner:
             return BatchPlan()
         tiers = tier_list(tpots) if tpots else [1.0]
         settings = self.settings
-        speculates = settings.max_spec_len > 0 and settings.acceptance > 0.0  # as BudgetModel decides it
         reference: list[float] | None = None  # the population speculation lengths are chosen for (Appendix D)
-        if speculates:
+        if self._speculates():
             tier_of = {t: i for i, t in enumerate(tiers)}
             reference = [0.0] * len(tiers)
             for d in decodes:
                 if not d.best_effort:
                     reference[tier_of[d.tpot_s]] += 1.0
-        budget = BudgetModel(
-            self.model,
-            tiers,
-            max_batch_tokens=settings.max_batch_tokens,
-            context_tokens=replica.kv_used,
-            sequences=replica.running,
-            max_spec_len=settings.max_spec_len,
-            acceptance=settings.acceptance,
-            reference_counts=reference,
-            knee_efficiency=settings.knee_efficiency,
-        )
+        budget = self._budget(tiers, replica.kv_used, replica.running, reference)
         batch = form_batch(now, decodes, prefills, budget)
         plan = BatchPlan(preempt=preempt)
         if budget.max_spec_len:
@@ -298,8 +287,11 @@ class SlosServeStepPlanner:
                 mask |= 1 << i
         return tiers, mask
 
-    def _budget(self, tiers: list[float], kv_used: float, sequences: int) -> BudgetModel:
-        """The BudgetModel `plan` builds without speculation, for the KV in use and the sequences held."""
+    def _budget(
+        self, tiers: list[float], kv_used: float, sequences: int, reference: list[float] | None = None
+    ) -> BudgetModel:
+        """The BudgetModel `plan` builds, for the KV in use and the sequences held (`reference`: the decodes per
+        tier that speculation lengths are chosen for; None without speculation)."""
         settings = self.settings
         return BudgetModel(
             self.model,
@@ -309,6 +301,7 @@ class SlosServeStepPlanner:
             sequences=sequences,
             max_spec_len=settings.max_spec_len,
             acceptance=settings.acceptance,
+            reference_counts=reference,
             knee_efficiency=settings.knee_efficiency,
         )
 
