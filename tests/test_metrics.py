@@ -241,6 +241,33 @@ def test_chunk_due_times_equal_token_due_s_to_the_bit(spec: SmoothGoodputSpec) -
     assert got.tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("spec", [SMOOTH, SmoothGoodputSpec(reading_speed_tps=7.3, ttft_allow_s=0.37)])
+def test_reading_times_are_an_arange_divided_by_the_reading_speed(spec: SmoothGoodputSpec) -> None:
+    # The table the one-token-a-chunk pass reads, across a change of speed and a growth of the table.
+    for length in (0, 5, 3000, 70_000, 10):
+        expected = np.arange(length, dtype=np.float64) / spec.reading_speed_tps
+        assert smooth_goodput.reading_times_s(length, spec).tobytes() == expected.tobytes()
+    other = SmoothGoodputSpec(reading_speed_tps=spec.reading_speed_tps * 3)
+    assert smooth_goodput.reading_times_s(9, other).tobytes() == (np.arange(9.0) / other.reading_speed_tps).tobytes()
+
+
+@pytest.mark.parametrize("spec", [SMOOTH, SmoothGoodputSpec(reading_speed_tps=7.3, ttft_allow_s=0.37)])
+def test_one_token_chunks_judged_as_chunks_of_one_token_each(spec: SmoothGoodputSpec) -> None:
+    # The pass for records without chunk sizes (one token a chunk) against the sized pass given sizes of 1.
+    rng = np.random.default_rng(3)
+    plain, sized = [], []
+    for i in range(500):
+        n = int(rng.integers(1, 600))
+        arrival = float(rng.uniform(0.0, 3e4))
+        times = arrival + np.cumsum(rng.exponential(0.05, size=n)) * rng.choice([0.2, 1.0, 8.0])
+        plain.append(rec(i, chunks=times, arrival=arrival))
+        sized.append(rec(i, chunks=times, tokens=[1] * n, arrival=arrival))
+    got = compute_outcomes(plain, fallback_slo=NO_SLO, smooth=spec)
+    expected = compute_outcomes(sized, fallback_slo=NO_SLO, smooth=spec)
+    for name in ("idle_s", "benefit", "ttft_s", "tpot_s"):
+        assert getattr(got, name).tobytes() == getattr(expected, name).tobytes(), name
+
+
 def test_goodput_without_an_e2e_slo_uses_the_other_slos() -> None:
     slow_first_token = rec(0, chunks=[0.8, 0.9])
     fine = rec(1, chunks=[0.1, 0.2])
