@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.metrics.smooth_goodput import chunk_due_after_s, chunk_due_s, idle_and_benefit, reading_times_s
+from core.metrics.smooth_goodput import chunk_due_s, idle_and_benefit
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord, RequestSLO, Status
 
@@ -124,15 +124,13 @@ def _chunk_pass(
             before_int -= np.repeat(before_int[starts], counts)  # ... now from the request's start
             before = before_int.astype(np.float64)  # exact (counts below 2**53), as token_due_s's division casts
             delivered[lo:hi] = np.add.reduceat(tok, starts)
-            late = chunk_due_s(arrival[lo:hi], counts, before, smooth)
         else:
-            # One token per chunk: the k-th chunk of a request has k tokens before it, read in k / V, so each
-            # request's reading times are the head of one table (the doubles chunk_due_s computes from the
-            # exact integer k; tests/test_metrics.py holds the two paths equal).
-            table = reading_times_s(int(counts.max()), smooth)
-            late = np.concatenate([table[:count] for count in counts.tolist()])
-            late = chunk_due_after_s(arrival[lo:hi], counts, late, smooth)
+            # One token per chunk: chunk k of the batch has k - start of its request before it (in floats,
+            # exact for counts below 2**53, so the same as the integers cast).
+            before = np.arange(len(flat_t), dtype=np.float64)
+            before -= np.repeat(starts, counts)
             delivered[lo:hi] = counts
+        late = chunk_due_s(arrival[lo:hi], counts, before, smooth)
         np.subtract(flat_t, late, out=late)  # lateness of each chunk's first token
         max_late[lo:hi] = np.maximum.reduceat(late, starts)
         first[lo:hi] = flat_t[starts]

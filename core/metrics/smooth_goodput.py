@@ -57,32 +57,8 @@ def chunk_due_s(
     The same doubles as token_due_s over the repeated arrivals, (a + first) + before / V (x + y is y + x),
     in fewer passes over the chunks: a + first once per request, then in place."""
     tokens_before /= smooth.reading_speed_tps
-    return chunk_due_after_s(arrival_s, counts, tokens_before, smooth)
-
-
-def chunk_due_after_s(
-    arrival_s: np.ndarray, counts: np.ndarray, reading_s: np.ndarray, smooth: SmoothGoodputSpec
-) -> np.ndarray:
-    """chunk_due_s given each chunk's tokens_before / V already (`reading_s`, overwritten and returned)."""
-    reading_s += np.repeat(arrival_s + smooth.first_token_due_s, counts)
-    return reading_s
-
-
-# k / V for k = 0, 1, ...: the reading time of the tokens before the k-th chunk of a request that streams one
-# token a chunk, kept for the last reading speed asked (a run has one) and grown to the longest request seen.
-_reading_table: tuple[float, np.ndarray] = (NAN, np.empty(0))
-
-
-def reading_times_s(length: int, smooth: SmoothGoodputSpec) -> np.ndarray:
-    """[0, 1, ..., length - 1] / V as float64: the same doubles as an arange divided by V (IEEE division of
-    the same exact integers), read from a table instead of computed per chunk."""
-    global _reading_table
-    speed, table = _reading_table
-    if speed != smooth.reading_speed_tps or len(table) < length:
-        size = max(length, 2 * len(table) if speed == smooth.reading_speed_tps else 0, 1024)
-        table = np.arange(size, dtype=np.float64) / smooth.reading_speed_tps
-        _reading_table = (smooth.reading_speed_tps, table)
-    return table[:length]
+    tokens_before += np.repeat(arrival_s + smooth.first_token_due_s, counts)
+    return tokens_before
 
 
 def idle_and_benefit(
