@@ -128,7 +128,7 @@ def _chunk_pass(
             # One token per chunk: chunk k of the batch has k - start of its request before it (in floats,
             # exact for counts below 2**53, so the same as the integers cast).
             before = np.arange(len(flat_t), dtype=np.float64)
-            before -= np.repeat(starts, counts)
+            before -= np.repeat(starts.astype(np.float64), counts)  # a float subtraction, not a cast per chunk
             delivered[lo:hi] = counts
         late = chunk_due_s(arrival[lo:hi], counts, before, smooth)
         np.subtract(flat_t, late, out=late)  # lateness of each chunk's first token
