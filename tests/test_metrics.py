@@ -259,28 +259,6 @@ def test_one_token_chunks_judged_as_chunks_of_one_token_each(spec: SmoothGoodput
         assert getattr(got, name).tobytes() == getattr(expected, name).tobytes(), name
 
 
-def test_records_that_all_stream_are_judged_as_in_a_batch_with_others() -> None:
-    # compute_outcomes takes every record's timeline as is when each has a chunk (the simulator's batches);
-    # the same records among failed and unstreamed ones go through the per-record sort, and must come out equal.
-    rng = np.random.default_rng(9)
-    tight, loose = RequestSLO(e2e_s=2.0, ttft_s=0.3), RequestSLO()
-    streamed = []
-    for i in range(300):
-        arrival = float(rng.uniform(0.0, 100.0))
-        times = arrival + np.cumsum(rng.exponential(0.05, size=int(rng.integers(1, 50))))
-        sizes = None if i % 3 else list(rng.integers(1, 4, size=len(times)))
-        streamed.append(rec(i, chunks=times, tokens=sizes, arrival=arrival, slo=tight if i % 2 else loose))
-    others = [
-        rec(1000, arrival=1.0, end=2.0, status=Status.ERROR),
-        rec(1001, arrival=1.0, end=3.0, output_tokens=7),  # completed, not streamed: one chunk at its end
-        rec(1002, chunks=[], arrival=1.0, end=1.5, output_tokens=0),
-    ]
-    alone = compute_outcomes(streamed, fallback_slo=SLOSpec(e2e_s=1.0), smooth=SMOOTH)
-    mixed = compute_outcomes([*others, *streamed], fallback_slo=SLOSpec(e2e_s=1.0), smooth=SMOOTH)
-    for name in outcomes._PER_REQUEST_COLUMNS:
-        assert getattr(alone, name).tobytes() == getattr(mixed, name)[len(others) :].tobytes(), name
-
-
 def test_goodput_without_an_e2e_slo_uses_the_other_slos() -> None:
     slow_first_token = rec(0, chunks=[0.8, 0.9])
     fine = rec(1, chunks=[0.1, 0.2])

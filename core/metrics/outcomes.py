@@ -138,30 +138,6 @@ def _chunk_pass(
     return first, delivered, max_late
 
 
-def _chunk_rows(
-    records: Sequence[RequestRecord],
-    chunk_times: list[np.ndarray | None],
-    status_code: list[int],
-    end: list[float | None],
-    output_tokens: list[int],
-) -> tuple[list[int], list[np.ndarray], list[np.ndarray | None]]:
-    """The records with chunks (positions, chunk times, chunk sizes), where some have no timeline."""
-    chunk_rows: list[int] = []
-    times_list: list[np.ndarray] = []
-    tokens_list: list[np.ndarray | None] = []
-    for i, times in enumerate(chunk_times):
-        if times is not None and len(times):
-            chunk_rows.append(i)
-            times_list.append(times)
-            tokens_list.append(records[i].chunk_tokens)
-        elif status_code[i] == OK_CODE and end[i] is not None and output_tokens[i] > 0:
-            # Not streamed: the whole response arrives at the end, as one chunk.
-            chunk_rows.append(i)
-            times_list.append(np.array([end[i]]))
-            tokens_list.append(np.array([output_tokens[i]]))
-    return chunk_rows, times_list, tokens_list
-
-
 def compute_outcomes(
     records: Sequence[RequestRecord],
     *,
@@ -186,25 +162,27 @@ def compute_outcomes(
         for task in [rec.task for rec in records]
     ]
     output_tokens = [rec.output_tokens for rec in records]
-    # Each distinct SLO object resolved once, then every record's looked up by identity in C (map).
-    slo_objects = [rec.slo for rec in records]
-    distinct = dict(zip(map(id, slo_objects), slo_objects, strict=True))
-    for key, slo in distinct.items():
-        own = _slo_tuple(slo)
-        slo_cache[key] = fallback if all(math.isnan(v) for v in own) else own
-    slos = list(map(slo_cache.__getitem__, map(id, slo_objects)))
-    chunk_times = [rec.chunk_times for rec in records]
-    try:
-        streamed = all(map(len, chunk_times))  # every record has a timeline with a chunk (the simulator's runs)
-    except TypeError:  # a record without one (failed, or its response not streamed)
-        streamed = False
-    if streamed:
-        rows = np.arange(n, dtype=np.int64)
-        times_list: list[np.ndarray] = chunk_times  # no None here: every one has a chunk
-        tokens_list: list[np.ndarray | None] = [rec.chunk_tokens for rec in records]
-    else:
-        chunk_rows, times_list, tokens_list = _chunk_rows(records, chunk_times, status_code, end, output_tokens)
-        rows = np.array(chunk_rows, dtype=np.int64)
+    slos: list[tuple[float, float, float]] = []
+    for slo in [rec.slo for rec in records]:
+        resolved = slo_cache.get(id(slo))
+        if resolved is None:
+            own = _slo_tuple(slo)
+            resolved = slo_cache[id(slo)] = fallback if all(math.isnan(v) for v in own) else own
+        slos.append(resolved)
+    chunk_rows: list[int] = []
+    times_list: list[np.ndarray] = []
+    tokens_list: list[np.ndarray | None] = []
+    for i, rec in enumerate(records):
+        times = rec.chunk_times
+        if times is not None and len(times):
+            chunk_rows.append(i)
+            times_list.append(times)
+            tokens_list.append(rec.chunk_tokens)
+        elif status_code[i] == OK_CODE and end[i] is not None and output_tokens[i] > 0:
+            # Not streamed: the whole response arrives at the end, as one chunk.
+            chunk_rows.append(i)
+            times_list.append(np.array([end[i]]))
+            tokens_list.append(np.array([output_tokens[i]]))
 
     status_a = np.array(status_code, dtype=np.int64)
     ok = status_a == OK_CODE
@@ -212,6 +190,7 @@ def compute_outcomes(
     slo_a = np.array(slos, dtype=float).reshape(n, 3)
     slo_e2e, slo_ttft, slo_tpot = slo_a[:, 0], slo_a[:, 1], slo_a[:, 2]
 
+    rows = np.array(chunk_rows, dtype=np.int64)
     first_c, delivered_c, late_c = _chunk_pass(times_list, tokens_list, arrival_a[rows], smooth)
     first = np.full(n, NAN)
     first[rows] = first_c
