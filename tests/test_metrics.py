@@ -259,6 +259,13 @@ def test_one_token_chunks_judged_as_chunks_of_one_token_each(spec: SmoothGoodput
         assert getattr(got, name).tobytes() == getattr(expected, name).tobytes(), name
 
 
+def test_chunk_positions_are_an_arange_as_the_table_grows() -> None:
+    for n in (0, 3, 70_000, 10, 300_000, 5):
+        positions = outcomes._chunk_positions(n)
+        assert positions.tobytes() == np.arange(n, dtype=np.float64).tobytes()
+        assert not positions.flags.writeable  # shared by every batch: nobody may write into it
+
+
 def test_goodput_without_an_e2e_slo_uses_the_other_slos() -> None:
     slow_first_token = rec(0, chunks=[0.8, 0.9])
     fine = rec(1, chunks=[0.1, 0.2])

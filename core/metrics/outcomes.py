@@ -80,6 +80,21 @@ class RequestOutcomes:
         return len(self.arrival_s)
 
 
+# 0.0, 1.0, 2.0, ... in float64, as long as the largest batch of chunks judged so far (a window batch of 250
+# records: about 50k, 0.4 MB): each batch reads its chunk positions here instead of filling an arange anew (8
+# instructions a chunk, 21M chunks in a 100k-request run).
+_positions = np.empty(0)
+
+
+def _chunk_positions(n: int) -> np.ndarray:
+    """[0.0, 1.0, ..., n - 1.0] (a read-only view: exact integers, the same doubles as an arange)."""
+    global _positions
+    if len(_positions) < n:
+        _positions = np.arange(n, dtype=np.float64)
+        _positions.flags.writeable = False
+    return _positions[:n]
+
+
 def _chunk_pass(
     times_list: list[np.ndarray],
     tokens_list: list[np.ndarray | None],
@@ -127,8 +142,8 @@ def _chunk_pass(
         else:
             # One token per chunk: chunk k of the batch has k - start of its request before it (in floats,
             # exact for counts below 2**53, so the same as the integers cast).
-            before = np.arange(len(flat_t), dtype=np.float64)
-            before -= np.repeat(starts.astype(np.float64), counts)  # a float subtraction, not a cast per chunk
+            before = np.repeat(starts.astype(np.float64), counts)  # floats: no cast per chunk below
+            np.subtract(_chunk_positions(len(flat_t)), before, out=before)
             delivered[lo:hi] = counts
         late = chunk_due_s(arrival[lo:hi], counts, before, smooth)
         np.subtract(flat_t, late, out=late)  # lateness of each chunk's first token
