@@ -78,3 +78,23 @@ def test_holds_decodes_never_promises_a_batch_plan_does_not_give(model: StepTime
             room += fits
     if model is not SIX_PER_UNIT:  # no fixed cost: a flat throughput, the knee wherever rounding puts it
         assert promised > 0.5 * room
+
+
+@pytest.mark.parametrize("model", _models())
+def test_batch_at_is_the_plans_batch(model: StepTimeModel) -> None:
+    """BudgetModel.batch_at (the prefill stretches' per-step budget, one model moved from KV to KV) gives the
+    batch tokens and time of a model built for that KV, asked `plan`: every tier mask (0: the idle plan), KV
+    going up and down, TPOTs too tight for one token (plan's fallback to the idle batch)."""
+    checked = 0
+    for efficiency, seqs, tiers in itertools.product(
+        (None, 0.5, 0.95, 1.0), (0, 7, 64), ([0.01], [1e-6, 0.09], [0.045, 0.09, 2.0])
+    ):
+        moved = BudgetModel(model, tiers, max_batch_tokens=2048, sequences=seqs, knee_efficiency=efficiency)
+        for ctx, populated in itertools.product((917.0, 0.0, 250_000.0, 40_000.0, 41_000.0), range(1 << len(tiers))):
+            fresh = BudgetModel(
+                model, tiers, max_batch_tokens=2048, context_tokens=ctx, sequences=seqs, knee_efficiency=efficiency
+            )
+            plan = fresh.plan(populated)
+            assert moved.batch_at(ctx, populated) == (plan.batch_tokens, plan.batch_time_s), (ctx, populated, tiers)
+            checked += 1
+    assert checked == 4 * 3 * 5 * (2 + 4 + 8)

@@ -190,7 +190,14 @@ def _running_demand(
         start, pace, left = r.decode_start_s, r.tpot_s, float(r.decode_tokens)
         tier = tier_of[pace]
         for row, deadline in zip(out, deadlines, strict=True):
-            row[tier] += min(max((deadline - start) / pace, 0.0), left)
+            # min(max(owed, 0.0), left) without the two calls: the same value (max keeps `owed` unless 0.0 is
+            # larger, min keeps it unless `left` is smaller; NaN and -0.0 come through both alike)
+            owed = (deadline - start) / pace
+            if owed < 0.0:
+                owed = 0.0
+            if left < owed:
+                owed = left
+            row[tier] += owed
     return out
 
 

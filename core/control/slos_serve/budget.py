@@ -77,6 +77,8 @@ class BudgetModel:
         self.acceptance = acceptance
         self._plans: dict[int, DecodePlan] = {}
         self._idle: tuple[float, float] | None = None  # the largest batch allowed (no decodes), when first asked
+        self._limits: dict[int, float] = {}  # populated mask -> the tightest TPOT among its tiers (no speculation)
+        self._no_negative_costs: bool | None = None  # every term's per-token cost >= 0 (holds_decodes), when asked
         self._reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
         self.spec_len = self._choose_speculation(self._reference)
 
@@ -87,8 +89,31 @@ class BudgetModel:
         self.context_tokens = context_tokens
         self._plans = {}
         self._idle = None
-        self.spec_len = self._choose_speculation(self._reference)
+        if self.max_spec_len:  # without speculation the lengths are all zero whatever the context
+            self.spec_len = self._choose_speculation(self._reference)
         return self
+
+    def batch_at(self, context_tokens: float, populated: int) -> tuple[float, float]:
+        """(batch_tokens, batch_time_s) of `at_context(context_tokens).plan(populated)` without speculation, from
+        `_batch` itself, without the DecodePlan, its per-tier costs and the plan cache around it (the simulated
+        replica asks this at every step of a stretch with a prefill chunk, stepping.plain_prefill_check, where
+        the plan is used once). Leaves the model at `context_tokens`."""
+        assert not self.max_spec_len, "batch_at: no speculation (the lengths would depend on the context)"
+        self.at_context(context_tokens)
+        if populated:
+            tokens, duration = self._batch(self._limit(populated), 0)  # _evaluate's limit and spec steps
+            if tokens > 0.0:
+                return tokens, duration
+        self._idle = self._batch(None, 0)  # plan's idle fallback (as `_evaluate([], ...)` caches it)
+        return self._idle
+
+    def _limit(self, populated: int) -> float:
+        """The tightest TPOT among the tiers in `populated`: `_evaluate`'s batch time limit when no tier
+        speculates (each tier's TPOT times a gain of 1.0, which is the TPOT to the bit)."""
+        limit = self._limits.get(populated)
+        if limit is None:
+            limit = self._limits[populated] = min(self.tiers[t] for t in range(len(self.tiers)) if populated >> t & 1)
+        return limit
 
     def _batch(self, time_limit_s: float | None, spec_steps: int) -> tuple[float, float]:
         """(tokens, duration) of the largest batch within `time_limit_s` (None: the largest batch allowed)."""
@@ -196,7 +221,7 @@ class BudgetModel:
             return False
         model = self.model
         ctx, seqs = self.context_tokens, self.sequences
-        limit = min(self.tiers[t] for t in range(len(self.tiers)) if populated >> t & 1)  # _evaluate's, gain 1
+        limit = self._limit(populated)  # _evaluate's, gain 1
         tokens = min(float(self.max_batch_tokens), model.tokens_within(limit, ctx, 0, seqs))
         tokens = float(int(tokens + 1e-6))
         if tokens <= 0.0:
@@ -210,7 +235,9 @@ class BudgetModel:
         longest = model.step_time(tokens, ctx, 0, seqs)
         goal = self.knee_efficiency * tokens / longest  # _knee's
         quickest = model.step_time(1, ctx, 0, seqs)
-        return quickest > 0.0 and (decodes - 1) / quickest < goal and all(term[1] >= 0.0 for term in model.terms)
+        if self._no_negative_costs is None:
+            self._no_negative_costs = all(term[1] >= 0.0 for term in model.terms)
+        return quickest > 0.0 and (decodes - 1) / quickest < goal and self._no_negative_costs
 
     def _rate(self, plan: DecodePlan, counts: Sequence[float]) -> float:
         rate = plan.supply_tps

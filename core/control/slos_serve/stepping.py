@@ -187,7 +187,7 @@ class SlosServeStepPlanner:
 
         def fits(kv_used: float) -> bool:
             budget = model.at_context(kv_used)
-            return budget.holds_decodes(mask, decodes) or decodes <= int(budget.plan(mask).batch_tokens)
+            return budget.holds_decodes(mask, decodes) or decodes <= int(budget.batch_at(kv_used, mask)[0])
 
         return fits
 
@@ -228,7 +228,7 @@ class SlosServeStepPlanner:
         model = self._budget(tiers, replica.kv_used, replica.running)
 
         def prefill_chunks(kv_used: float, now: float) -> list[tuple[Any, int]] | None:
-            plan = model.at_context(kv_used).plan(mask)
+            batch_tokens, batch_time_s = model.batch_at(kv_used, mask)  # plan(mask)'s, at this KV
             admitted = 0  # _admissions with nobody to preempt: how much of the queue it takes
             room, kv_free = slots, capacity - kv_used
             for need in needs:
@@ -244,8 +244,8 @@ class SlosServeStepPlanner:
                     task.tokens_left = item.prompt_left
                     left += item.prompt_left
                     seen.append(task)
-            urgent = urgent_prefill_tokens(now, seen, plan.batch_time_s, URGENCY)
-            budget = int(plan.batch_tokens)
+            urgent = urgent_prefill_tokens(now, seen, batch_time_s, URGENCY)
+            budget = int(batch_tokens)
             tokens = prefill_beside_every_decode(budget, decodes, urgent, left)
             if tokens is None:
                 return None
@@ -278,7 +278,14 @@ class SlosServeStepPlanner:
         """The tiers `plan` builds its BudgetModel on (the TPOTs of the SLO decodes and of `prefilling`) and the
         mask of the decoding ones."""
         deadlines = self._deadlines
-        decode_tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
+        fixed = self._fixed  # _deadlines' own cache, read inline (this runs at every stretch's start)
+        decode_tpots: set[float] = set()
+        for item in replica.decoding:
+            known = fixed.get(item)
+            if known is None:
+                known = deadlines(item)
+            if not known[2]:
+                decode_tpots.add(known[1])
         tpots = decode_tpots | {deadlines(item)[1] for item in prefilling}
         tiers = tier_list(tpots) if tpots else [1.0]
         mask = 0
