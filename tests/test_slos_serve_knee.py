@@ -98,3 +98,29 @@ def test_batch_at_is_the_plans_batch(model: StepTimeModel) -> None:
             assert moved.batch_at(ctx, populated) == (plan.batch_tokens, plan.batch_time_s), (ctx, populated, tiers)
             checked += 1
     assert checked == 4 * 3 * 5 * (2 + 4 + 8)
+
+
+@pytest.mark.parametrize("model", _models())
+def test_holds_decodes_between_answers_for_every_context_between(model: StepTimeModel) -> None:
+    """BudgetModel.holds_decodes_between (one test for a whole stretch of plain decode steps) never says True
+    where holds_decodes says False at a context in the range (every one of them is tried, as the stretch's
+    steps each move the KV by a token per decode), and says True for most ranges of a few steps where
+    holds_decodes holds at each."""
+    proven = held = 0
+    for efficiency, seqs, tiers, decodes, low, steps in itertools.product(
+        (None, 0.5, 0.95, 1.0),
+        (1, 7, 64),
+        ([0.01], [0.045, 0.09]),
+        (1, 2, 5, 23, 64),
+        (0.0, 917.0, 40_000.0, 250_000.0),
+        (1, 6, 40),
+    ):
+        budget = BudgetModel(model, tiers, max_batch_tokens=2048, sequences=seqs, knee_efficiency=efficiency)
+        high = low + decodes * (steps - 1)
+        every = [budget.at_context(low + decodes * i).holds_decodes(1, decodes) for i in range(steps)]
+        between = budget.holds_decodes_between(1, decodes, low, high)
+        assert all(every) or not between, (efficiency, seqs, tiers, decodes, low, steps)
+        proven += between
+        held += all(every)
+    if model is not SIX_PER_UNIT:
+        assert proven > 0.8 * held

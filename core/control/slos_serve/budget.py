@@ -239,6 +239,37 @@ class BudgetModel:
             self._no_negative_costs = all(term[1] >= 0.0 for term in model.terms)
         return quickest > 0.0 and (decodes - 1) / quickest < goal and self._no_negative_costs
 
+    def holds_decodes_between(self, populated: int, decodes: int, low: float, high: float) -> bool:
+        """Whether `holds_decodes(populated, decodes)` says True at every context in [low, high] (a sufficient
+        test, False where unsure), from four step times instead of three at each context. Needs every roofline
+        coefficient but the base non-negative: then each term's value, and so step_time, is non-decreasing in
+        the tokens and in the context, and tokens_within non-increasing in the context, for the rounded floats
+        too (each sum, product and quotient rounds monotonically). Over the range the batch then holds at least
+        `fewest` tokens (its size at `high`), and in `holds_decodes`' knee test the goal, knee x tokens /
+        step_time(tokens), is at least knee x fewest / step_time(most, high), while (decodes - 1) / step_time(1)
+        is at most its value at `low`: the first below the second answers for every context between. The
+        simulated replica asks it once per stretch of plain decode steps (stepping.plain_decode_check)."""
+        if self.max_spec_len or not populated or low > high:
+            return False
+        model = self.model
+        if not all(k >= 0.0 for term in model.terms for k in term[1:]):
+            return False
+        seqs, cap = self.sequences, float(self.max_batch_tokens)
+        limit = self._limit(populated)
+        fewest = float(int(min(cap, model.tokens_within(limit, high, 0, seqs)) + 1e-6))  # holds_decodes' size
+        if fewest <= 0.0 or decodes > fewest:
+            return False
+        if self.knee_efficiency is None or decodes <= 1:
+            return True  # decodes <= tokens at every context (or the one-decode answer of the knee branch)
+        if fewest <= 1.0:
+            return False  # some contexts may take holds_decodes' `tokens <= 1` branch: not worth the case
+        most = float(int(min(cap, model.tokens_within(limit, low, 0, seqs)) + 1e-6))
+        longest = model.step_time(most, high, 0, seqs)
+        quickest = model.step_time(1, low, 0, seqs)
+        if not (longest > 0.0 and quickest > 0.0):
+            return False
+        return (decodes - 1) / quickest < self.knee_efficiency * fewest / longest
+
     def _rate(self, plan: DecodePlan, counts: Sequence[float]) -> float:
         rate = plan.supply_tps
         for tier, n in enumerate(counts):

@@ -184,8 +184,17 @@ class SlosServeStepPlanner:
         sequences = replica.running
 
         model = self._budget(tiers, replica.kv_used, sequences)
+        # The KV the stretch can reach: a step adds a token per decode, the last one completes a request, and no
+        # step starts past the cache's capacity. Where the budget holds the decodes at every KV up to there
+        # (holds_decodes_between), the stretch asks nothing more per step.
+        low = replica.kv_used
+        steps = min((item.out_left for item in replica.decoding), default=1)
+        high = min(low + decodes * (steps - 1), replica.kv_capacity - decodes)
+        proven = model.holds_decodes_between(mask, decodes, low, high)
 
         def fits(kv_used: float) -> bool:
+            if proven and low <= kv_used <= high:
+                return True
             budget = model.at_context(kv_used)
             return budget.holds_decodes(mask, decodes) or decodes <= int(budget.batch_at(kv_used, mask)[0])
 
