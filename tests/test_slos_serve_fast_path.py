@@ -122,6 +122,14 @@ def _pressure_plan(tpots: tuple[float, ...], count: int = 240) -> LoadPlan:
             ),
             KnobsSpec(max_num_seqs=32, max_num_batched_tokens=512),
         ),
+        # A budget that bites: at 1 ms a token the tightest tier's batch holds 18 tokens (0.9 x 20 ms), so with
+        # its requests decoding the decodes often do not all fit, and a decode stretch must not start; the
+        # looser tiers' 45 and 180 hold them (the check's tiers must be the decoding requests' own).
+        (
+            "tight-budget",
+            tiny_calibration(terms=[PerfTerm(name="mem", base_s=0.01), PerfTerm(name="compute", per_token_s=1e-3)]),
+            KnobsSpec(max_num_seqs=32, max_num_batched_tokens=512),
+        ),
         # Speculation on: no plain decode batch, every step planned.
         ("speculation", tiny_calibration(), KnobsSpec(max_num_seqs=32, spec_on=True, spec_width=3)),
     ],

@@ -181,8 +181,10 @@ class BudgetModel:
         """Appendix D: enumerate per-tier speculation lengths, keep those with the most prefill throughput
         for the reference population."""
         zeros = (0,) * len(self.tiers)
+        if self.max_spec_len == 0:
+            return zeros
         members = [t for t, n in enumerate(reference) if n > 0]
-        if self.max_spec_len == 0 or not members:
+        if not members:
             return zeros
         best, best_rate = zeros, -float("inf")
         for combo in itertools.product(range(self.max_spec_len + 1), repeat=len(members)):
@@ -248,7 +250,7 @@ class BudgetModel:
         `fewest` tokens (its size at `high`), and in `holds_decodes`' knee test the goal, knee x tokens /
         step_time(tokens), is at least knee x fewest / step_time(most, high), while (decodes - 1) / step_time(1)
         is at most its value at `low`: the first below the second answers for every context between. The
-        simulated replica asks it once per stretch of plain decode steps (stepping.plain_decode_check)."""
+        simulated replica asks it once per window of a stretch of plain decode steps (stepping.plain_decode_check)."""
         if self.max_spec_len or not populated or low > high:
             return False
         model = self.model
