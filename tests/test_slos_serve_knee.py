@@ -124,3 +124,20 @@ def test_holds_decodes_between_answers_for_every_context_between(model: StepTime
         held += all(every)
     if model is not SIX_PER_UNIT:
         assert proven > 0.8 * held
+
+
+@pytest.mark.parametrize("model", _models())
+def test_a_batchs_time_is_its_step_time(model: StepTimeModel) -> None:
+    """BudgetModel._batch takes the batch's duration from the knee search's own step times where it has them
+    (`_knee_timed`); it must be step_time of the batch it chose, whichever way the search went."""
+    checked = 0
+    for efficiency, ctx, seqs, spec, limit in itertools.product(
+        (None, 0.5, 0.95, 1.0), (0.0, 917.0, 40_000.0), (0, 7, 64), (0, 3), (None, 0.002, 0.02, 0.2)
+    ):
+        budget = BudgetModel(
+            model, [1.0], max_batch_tokens=2048, context_tokens=ctx, sequences=seqs, knee_efficiency=efficiency
+        )
+        tokens, duration = budget._batch(limit, spec)
+        assert duration == max(model.step_time(tokens, ctx, spec, seqs), 1e-9), (efficiency, ctx, seqs, spec, limit)
+        checked += 1
+    assert checked == 4 * 3 * 3 * 2 * 4

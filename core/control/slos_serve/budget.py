@@ -122,15 +122,23 @@ class BudgetModel:
         if time_limit_s is not None:
             tokens = min(tokens, model.tokens_within(time_limit_s, self.context_tokens, spec_steps, self.sequences))
         tokens = float(int(tokens + 1e-6))  # whole tokens; the slack absorbs float error
+        duration: float | None = None
         if self.knee_efficiency is not None and tokens > 1.0:
-            tokens = self._knee(tokens, spec_steps)
-        duration = model.step_time(tokens, self.context_tokens, spec_steps, self.sequences)
+            tokens, duration = self._knee_timed(tokens, spec_steps)
+        if duration is None:
+            duration = model.step_time(tokens, self.context_tokens, spec_steps, self.sequences)
         return tokens, max(duration, 1e-9)
 
     def _knee(self, most: float, spec_steps: int) -> float:
         """The smallest batch whose token throughput is within `knee_efficiency` of the largest allowed one.
         Beyond the roofline's knee a bigger batch only lengthens the step (every request's TPOT, and so how
         long it holds its KV cache) for little more throughput."""
+        return self._knee_timed(most, spec_steps)[0]
+
+    def _knee_timed(self, most: float, spec_steps: int) -> tuple[float, float | None]:
+        """`_knee`'s batch and its step time where the search already worked it out (None where not): the same
+        call with the same arguments (a whole number of tokens as an int or a float is the same operand), so
+        `_batch` need not price the batch again."""
         ctx, seqs = self.context_tokens, self.sequences
         step_time = self.model.step_time
         longest = step_time(most, ctx, spec_steps, seqs)
@@ -138,10 +146,12 @@ class BudgetModel:
         high = int(most)
         guess = _knee_estimate(self.model, goal, longest, ctx, spec_steps, seqs)
         if guess is None:
-            return float(bisect_knee(self.model, goal, high, ctx, spec_steps, seqs))
+            return float(bisect_knee(self.model, goal, high, ctx, spec_steps, seqs)), None
+        times = {high: longest}
 
         def enough(tokens: int) -> bool:
-            return tokens / step_time(tokens, ctx, spec_steps, seqs) >= goal
+            took = times[tokens] = step_time(tokens, ctx, spec_steps, seqs)
+            return tokens / took >= goal
 
         # With every roofline term's fixed cost at least a millionth of the longest step, tokens / step_time
         # rises from one batch size to the next by far more than float rounding can move it, so `enough`
@@ -157,7 +167,7 @@ class BudgetModel:
                 tokens += 1
                 if enough(tokens):
                     break
-        return float(tokens)
+        return float(tokens), times.get(tokens)
 
     def _gain(self, spec_len: int) -> float:
         return expected_accepted_tokens(self.acceptance, spec_len) if spec_len else 1.0
