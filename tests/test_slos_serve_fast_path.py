@@ -19,7 +19,7 @@ import pytest
 from core.backend_api import EngineSample, LoadPlan
 from core.control.slos_serve.policy import SlosServePolicy
 from core.modes import ModeContext, make_policy
-from core.profile import Calibration, KnobsSpec, StallModel, load_calibration, load_profile
+from core.profile import Calibration, KnobsSpec, PerfTerm, StallModel, load_calibration, load_profile
 from core.records import RequestRecord, RequestSLO, RequestSpec
 from core.sim import stepwise
 from core.sim.engine import SimEngine
@@ -105,6 +105,29 @@ def _pressure_plan(tpots: tuple[float, ...], count: int = 240) -> LoadPlan:
         (
             "stalls",
             tiny_calibration(noise_cv=0.2, stalls=StallModel(rate_per_s=2.0, mean_s=0.01, cv=1.0)),
+            KnobsSpec(max_num_seqs=32, max_num_batched_tokens=512),
+        ),
+        # A KV-read term that makes the tightest tier's budget shrink as the cache fills (16-30 tokens at 5-10k
+        # of context): a prefill stretch's per-step budget (BudgetModel.batch_at) moves with the KV (a stretch
+        # that priced it 16 tokens of KV off failed here), and a decode stretch's one test over the KV it can
+        # reach (holds_decodes_between) mostly declines, so its steps are tested one by one.
+        (
+            "kv-budget",
+            tiny_calibration(
+                terms=[
+                    PerfTerm(name="mem", base_s=0.01),
+                    PerfTerm(name="compute", per_token_s=1e-4),
+                    PerfTerm(name="attention", per_token_s=5e-4, per_ctx_token_s=1e-6),
+                ]
+            ),
+            KnobsSpec(max_num_seqs=32, max_num_batched_tokens=512),
+        ),
+        # A budget that bites: at 1 ms a token the tightest tier's batch holds 18 tokens (0.9 x 20 ms), so with
+        # its requests decoding the decodes often do not all fit, and a decode stretch must not start; the
+        # looser tiers' 45 and 180 hold them (the check's tiers must be the decoding requests' own).
+        (
+            "tight-budget",
+            tiny_calibration(terms=[PerfTerm(name="mem", base_s=0.01), PerfTerm(name="compute", per_token_s=1e-3)]),
             KnobsSpec(max_num_seqs=32, max_num_batched_tokens=512),
         ),
         # Speculation on: no plain decode batch, every step planned.

@@ -78,3 +78,66 @@ def test_holds_decodes_never_promises_a_batch_plan_does_not_give(model: StepTime
             room += fits
     if model is not SIX_PER_UNIT:  # no fixed cost: a flat throughput, the knee wherever rounding puts it
         assert promised > 0.5 * room
+
+
+@pytest.mark.parametrize("model", _models())
+def test_batch_at_is_the_plans_batch(model: StepTimeModel) -> None:
+    """BudgetModel.batch_at (the prefill stretches' per-step budget, one model moved from KV to KV) gives the
+    batch tokens and time of a model built for that KV, asked `plan`: every tier mask (0: the idle plan), KV
+    going up and down, TPOTs too tight for one token (plan's fallback to the idle batch)."""
+    checked = 0
+    for efficiency, seqs, tiers in itertools.product(
+        (None, 0.5, 0.95, 1.0), (0, 7, 64), ([0.01], [1e-6, 0.09], [0.045, 0.09, 2.0])
+    ):
+        moved = BudgetModel(model, tiers, max_batch_tokens=2048, sequences=seqs, knee_efficiency=efficiency)
+        for ctx, populated in itertools.product((917.0, 0.0, 250_000.0, 40_000.0, 41_000.0), range(1 << len(tiers))):
+            fresh = BudgetModel(
+                model, tiers, max_batch_tokens=2048, context_tokens=ctx, sequences=seqs, knee_efficiency=efficiency
+            )
+            plan = fresh.plan(populated)
+            assert moved.batch_at(ctx, populated) == (plan.batch_tokens, plan.batch_time_s), (ctx, populated, tiers)
+            checked += 1
+    assert checked == 4 * 3 * 5 * (2 + 4 + 8)
+
+
+@pytest.mark.parametrize("model", _models())
+def test_holds_decodes_between_answers_for_every_context_between(model: StepTimeModel) -> None:
+    """BudgetModel.holds_decodes_between (one test for a whole stretch of plain decode steps) never says True
+    where holds_decodes says False at a context in the range (every one of them is tried, as the stretch's
+    steps each move the KV by a token per decode), and says True for most ranges of a few steps where
+    holds_decodes holds at each."""
+    proven = held = 0
+    for efficiency, seqs, tiers, decodes, low, steps in itertools.product(
+        (None, 0.5, 0.95, 1.0),
+        (1, 7, 64),
+        ([0.01], [0.045, 0.09]),
+        (1, 2, 5, 23, 64),
+        (0.0, 917.0, 40_000.0, 250_000.0),
+        (1, 6, 40),
+    ):
+        budget = BudgetModel(model, tiers, max_batch_tokens=2048, sequences=seqs, knee_efficiency=efficiency)
+        high = low + decodes * (steps - 1)
+        every = [budget.at_context(low + decodes * i).holds_decodes(1, decodes) for i in range(steps)]
+        between = budget.holds_decodes_between(1, decodes, low, high)
+        assert all(every) or not between, (efficiency, seqs, tiers, decodes, low, steps)
+        proven += between
+        held += all(every)
+    if model is not SIX_PER_UNIT:
+        assert proven > 0.8 * held
+
+
+@pytest.mark.parametrize("model", _models())
+def test_a_batchs_time_is_its_step_time(model: StepTimeModel) -> None:
+    """BudgetModel._batch takes the batch's duration from the knee search's own step times where it has them
+    (`_knee_timed`); it must be step_time of the batch it chose, whichever way the search went."""
+    checked = 0
+    for efficiency, ctx, seqs, spec, limit in itertools.product(
+        (None, 0.5, 0.95, 1.0), (0.0, 917.0, 40_000.0), (0, 7, 64), (0, 3), (None, 0.002, 0.02, 0.2)
+    ):
+        budget = BudgetModel(
+            model, [1.0], max_batch_tokens=2048, context_tokens=ctx, sequences=seqs, knee_efficiency=efficiency
+        )
+        tokens, duration = budget._batch(limit, spec)
+        assert duration == max(model.step_time(tokens, ctx, spec, seqs), 1e-9), (efficiency, ctx, seqs, spec, limit)
+        checked += 1
+    assert checked == 4 * 3 * 3 * 2 * 4

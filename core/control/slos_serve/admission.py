@@ -121,8 +121,8 @@ class AdmissionPlanner:
         tier_of = {t: i for i, t in enumerate(tiers)}
         n_tiers = len(tiers)
 
-        decoders = [r for r in running if r.decoding and r.decode_tokens > 0]
-        forced = [r for r in running if not r.decoding]
+        decoders = [r for r in running if r.prefill_tokens <= 0 and r.decode_tokens > 0]  # `decoding`, inline
+        forced = [r for r in running if r.prefill_tokens > 0]
         # Visit order: by prefill deadline; a running request before a new one on a tie.
         visits: list[tuple[float, int, int, PlanRequest]] = [(r.prefill_deadline_s, 0, -1, r) for r in forced]
         visits += [(r.prefill_deadline_s, 1, pos, r) for pos, r in enumerate(new)]
@@ -185,12 +185,21 @@ def _running_demand(
     """Cumulative decode tokens the running requests are owed by each deadline, per tier (K lists of n_tiers).
     Tokens already overdue at `now` count in the first interval. Plain floats, summed request by request in
     their order (numpy's arrays cost more than their arithmetic at a few dozen requests and deadlines)."""
-    out = [[0.0] * n_tiers for _ in deadlines]
-    for r in decoders:
-        start, pace, left = r.decode_start_s, r.tpot_s, float(r.decode_tokens)
-        tier = tier_of[pace]
-        for row, deadline in zip(out, deadlines, strict=True):
-            row[tier] += min(max((deadline - start) / pace, 0.0), left)
+    paces = [(r.decode_start_s, r.tpot_s, float(r.decode_tokens), tier_of[r.tpot_s]) for r in decoders]
+    out = []
+    # Deadline by deadline: each row's sums still run request by request in their order.
+    for deadline in deadlines:
+        row = [0.0] * n_tiers
+        for start, pace, left, tier in paces:
+            # min(max(owed, 0.0), left) without the two calls: the same value (max keeps `owed` unless 0.0 is
+            # larger, min keeps it unless `left` is smaller; NaN and -0.0 come through both alike)
+            owed = (deadline - start) / pace
+            if owed < 0.0:
+                owed = 0.0
+            if left < owed:
+                owed = left
+            row[tier] += owed
+        out.append(row)
     return out
 
 

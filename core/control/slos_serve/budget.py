@@ -77,6 +77,8 @@ class BudgetModel:
         self.acceptance = acceptance
         self._plans: dict[int, DecodePlan] = {}
         self._idle: tuple[float, float] | None = None  # the largest batch allowed (no decodes), when first asked
+        self._limits: dict[int, float] = {}  # populated mask -> the tightest TPOT among its tiers (no speculation)
+        self._no_negative_costs: bool | None = None  # every term's per-token cost >= 0 (holds_decodes), when asked
         self._reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
         self.spec_len = self._choose_speculation(self._reference)
 
@@ -87,8 +89,31 @@ class BudgetModel:
         self.context_tokens = context_tokens
         self._plans = {}
         self._idle = None
-        self.spec_len = self._choose_speculation(self._reference)
+        if self.max_spec_len:  # without speculation the lengths are all zero whatever the context
+            self.spec_len = self._choose_speculation(self._reference)
         return self
+
+    def batch_at(self, context_tokens: float, populated: int) -> tuple[float, float]:
+        """(batch_tokens, batch_time_s) of `at_context(context_tokens).plan(populated)` without speculation, from
+        `_batch` itself, without the DecodePlan, its per-tier costs and the plan cache around it (the simulated
+        replica asks this at every step of a stretch with a prefill chunk, stepping.plain_prefill_check, where
+        the plan is used once). Leaves the model at `context_tokens`."""
+        assert not self.max_spec_len, "batch_at: no speculation (the lengths would depend on the context)"
+        self.at_context(context_tokens)
+        if populated:
+            tokens, duration = self._batch(self._limit(populated), 0)  # _evaluate's limit and spec steps
+            if tokens > 0.0:
+                return tokens, duration
+        self._idle = self._batch(None, 0)  # plan's idle fallback (as `_evaluate([], ...)` caches it)
+        return self._idle
+
+    def _limit(self, populated: int) -> float:
+        """The tightest TPOT among the tiers in `populated`: `_evaluate`'s batch time limit when no tier
+        speculates (each tier's TPOT times a gain of 1.0, which is the TPOT to the bit)."""
+        limit = self._limits.get(populated)
+        if limit is None:
+            limit = self._limits[populated] = min(self.tiers[t] for t in range(len(self.tiers)) if populated >> t & 1)
+        return limit
 
     def _batch(self, time_limit_s: float | None, spec_steps: int) -> tuple[float, float]:
         """(tokens, duration) of the largest batch within `time_limit_s` (None: the largest batch allowed)."""
@@ -97,15 +122,23 @@ class BudgetModel:
         if time_limit_s is not None:
             tokens = min(tokens, model.tokens_within(time_limit_s, self.context_tokens, spec_steps, self.sequences))
         tokens = float(int(tokens + 1e-6))  # whole tokens; the slack absorbs float error
+        duration: float | None = None
         if self.knee_efficiency is not None and tokens > 1.0:
-            tokens = self._knee(tokens, spec_steps)
-        duration = model.step_time(tokens, self.context_tokens, spec_steps, self.sequences)
+            tokens, duration = self._knee_timed(tokens, spec_steps)
+        if duration is None:
+            duration = model.step_time(tokens, self.context_tokens, spec_steps, self.sequences)
         return tokens, max(duration, 1e-9)
 
     def _knee(self, most: float, spec_steps: int) -> float:
         """The smallest batch whose token throughput is within `knee_efficiency` of the largest allowed one.
         Beyond the roofline's knee a bigger batch only lengthens the step (every request's TPOT, and so how
         long it holds its KV cache) for little more throughput."""
+        return self._knee_timed(most, spec_steps)[0]
+
+    def _knee_timed(self, most: float, spec_steps: int) -> tuple[float, float | None]:
+        """`_knee`'s batch and its step time where the search already worked it out (None where not): the same
+        call with the same arguments (a whole number of tokens as an int or a float is the same operand), so
+        `_batch` need not price the batch again."""
         ctx, seqs = self.context_tokens, self.sequences
         step_time = self.model.step_time
         longest = step_time(most, ctx, spec_steps, seqs)
@@ -113,10 +146,12 @@ class BudgetModel:
         high = int(most)
         guess = _knee_estimate(self.model, goal, longest, ctx, spec_steps, seqs)
         if guess is None:
-            return float(bisect_knee(self.model, goal, high, ctx, spec_steps, seqs))
+            return float(bisect_knee(self.model, goal, high, ctx, spec_steps, seqs)), None
+        times = {high: longest}
 
         def enough(tokens: int) -> bool:
-            return tokens / step_time(tokens, ctx, spec_steps, seqs) >= goal
+            took = times[tokens] = step_time(tokens, ctx, spec_steps, seqs)
+            return tokens / took >= goal
 
         # With every roofline term's fixed cost at least a millionth of the longest step, tokens / step_time
         # rises from one batch size to the next by far more than float rounding can move it, so `enough`
@@ -132,7 +167,7 @@ class BudgetModel:
                 tokens += 1
                 if enough(tokens):
                     break
-        return float(tokens)
+        return float(tokens), times.get(tokens)
 
     def _gain(self, spec_len: int) -> float:
         return expected_accepted_tokens(self.acceptance, spec_len) if spec_len else 1.0
@@ -156,8 +191,10 @@ class BudgetModel:
         """Appendix D: enumerate per-tier speculation lengths, keep those with the most prefill throughput
         for the reference population."""
         zeros = (0,) * len(self.tiers)
+        if self.max_spec_len == 0:
+            return zeros
         members = [t for t, n in enumerate(reference) if n > 0]
-        if self.max_spec_len == 0 or not members:
+        if not members:
             return zeros
         best, best_rate = zeros, -float("inf")
         for combo in itertools.product(range(self.max_spec_len + 1), repeat=len(members)):
@@ -196,7 +233,7 @@ class BudgetModel:
             return False
         model = self.model
         ctx, seqs = self.context_tokens, self.sequences
-        limit = min(self.tiers[t] for t in range(len(self.tiers)) if populated >> t & 1)  # _evaluate's, gain 1
+        limit = self._limit(populated)  # _evaluate's, gain 1
         tokens = min(float(self.max_batch_tokens), model.tokens_within(limit, ctx, 0, seqs))
         tokens = float(int(tokens + 1e-6))
         if tokens <= 0.0:
@@ -210,7 +247,40 @@ class BudgetModel:
         longest = model.step_time(tokens, ctx, 0, seqs)
         goal = self.knee_efficiency * tokens / longest  # _knee's
         quickest = model.step_time(1, ctx, 0, seqs)
-        return quickest > 0.0 and (decodes - 1) / quickest < goal and all(term[1] >= 0.0 for term in model.terms)
+        if self._no_negative_costs is None:
+            self._no_negative_costs = all(term[1] >= 0.0 for term in model.terms)
+        return quickest > 0.0 and (decodes - 1) / quickest < goal and self._no_negative_costs
+
+    def holds_decodes_between(self, populated: int, decodes: int, low: float, high: float) -> bool:
+        """Whether `holds_decodes(populated, decodes)` says True at every context in [low, high] (a sufficient
+        test, False where unsure), from four step times instead of three at each context. Needs every roofline
+        coefficient but the base non-negative: then each term's value, and so step_time, is non-decreasing in
+        the tokens and in the context, and tokens_within non-increasing in the context, for the rounded floats
+        too (each sum, product and quotient rounds monotonically). Over the range the batch then holds at least
+        `fewest` tokens (its size at `high`), and in `holds_decodes`' knee test the goal, knee x tokens /
+        step_time(tokens), is at least knee x fewest / step_time(most, high), while (decodes - 1) / step_time(1)
+        is at most its value at `low`: the first below the second answers for every context between. The
+        simulated replica asks it once per window of a stretch of plain decode steps (stepping.plain_decode_check)."""
+        if self.max_spec_len or not populated or low > high:
+            return False
+        model = self.model
+        if not all(k >= 0.0 for term in model.terms for k in term[1:]):
+            return False
+        seqs, cap = self.sequences, float(self.max_batch_tokens)
+        limit = self._limit(populated)
+        fewest = float(int(min(cap, model.tokens_within(limit, high, 0, seqs)) + 1e-6))  # holds_decodes' size
+        if fewest <= 0.0 or decodes > fewest:
+            return False
+        if self.knee_efficiency is None or decodes <= 1:
+            return True  # decodes <= tokens at every context (or the one-decode answer of the knee branch)
+        if fewest <= 1.0:
+            return False  # some contexts may take holds_decodes' `tokens <= 1` branch: not worth the case
+        most = float(int(min(cap, model.tokens_within(limit, low, 0, seqs)) + 1e-6))
+        longest = model.step_time(most, high, 0, seqs)
+        quickest = model.step_time(1, low, 0, seqs)
+        if not (longest > 0.0 and quickest > 0.0):
+            return False
+        return (decodes - 1) / quickest < self.knee_efficiency * fewest / longest
 
     def _rate(self, plan: DecodePlan, counts: Sequence[float]) -> float:
         rate = plan.supply_tps

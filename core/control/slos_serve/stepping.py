@@ -21,6 +21,7 @@ decision (the simulator can tell it; live, the virtual execution's estimate stan
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -44,6 +45,9 @@ from core.step_time import StepTimeModel
 # The engine paces decodes at this share of their TPOT SLO: step times are noisy (the calibration's noise_cv)
 # and a request at exactly its pace misses its SLO on the first slow step.
 PACE_MARGIN = 0.9
+# The steps of a stretch of plain decode steps that one budget test covers (plain_decode_check): bench-chat's
+# stretches run 5-6 steps between arrivals and engine samples, and a longer range makes the test looser.
+DECODE_WINDOW = 32
 
 
 def _queued(pair: tuple[Any, int]) -> bool:
@@ -68,6 +72,9 @@ class SlosServeStepPlanner:
         self._fixed: dict[Any, tuple[float, float, bool, int]] = {}  # StepRequest -> _deadlines(it)
         # StepRequest -> (its DecodeTask, reused step after step; TPOT, best effort, id, output tokens)
         self._tasks: dict[Any, tuple[DecodeTask, float, bool, int, int]] = {}
+        # The stretch checks' last tiers (_decode_tiers) and their BudgetModels (_stretch_budget).
+        self._last_tiers: tuple[tuple[tuple[Any, ...], tuple[Any, ...]], tuple[list[float], int]] | None = None
+        self._stretch_budgets: dict[tuple[tuple[float, ...], int], BudgetModel] = {}
 
     def _deadlines(self, item: Any) -> tuple[float, float, bool, int]:
         """(prefill deadline, TPOT, best effort, request id) of a StepRequest. Fixed for as long as the request
@@ -183,11 +190,24 @@ class SlosServeStepPlanner:
         decodes = len(replica.decoding)
         sequences = replica.running
 
-        model = self._budget(tiers, replica.kv_used, sequences)
+        model = self._stretch_budget(tiers, sequences)
+        # One test for the KV of the next DECODE_WINDOW steps (a step adds a token per decode; none starts past
+        # the cache's capacity): where the budget holds the decodes at every KV between (holds_decodes_between),
+        # the steps there ask nothing more; where it is unsure, each step asks as before.
+        window = decodes * (DECODE_WINDOW - 1)
+        top = replica.kv_capacity - decodes
+        tested = [math.inf, -math.inf, False]  # (low, high, proven) of the last range tested
 
         def fits(kv_used: float) -> bool:
+            low, high, proven = tested
+            if not low <= kv_used <= high:
+                low, high = kv_used, min(kv_used + window, top)
+                proven = model.holds_decodes_between(mask, decodes, low, high)
+                tested[:] = low, high, proven
+            if proven:
+                return True
             budget = model.at_context(kv_used)
-            return budget.holds_decodes(mask, decodes) or decodes <= int(budget.plan(mask).batch_tokens)
+            return budget.holds_decodes(mask, decodes) or decodes <= int(budget.batch_at(kv_used, mask)[0])
 
         return fits
 
@@ -225,10 +245,10 @@ class SlosServeStepPlanner:
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
         tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued))
         decodes = len(replica.decoding)
-        model = self._budget(tiers, replica.kv_used, replica.running)
+        model = self._stretch_budget(tiers, replica.running)
 
         def prefill_chunks(kv_used: float, now: float) -> list[tuple[Any, int]] | None:
-            plan = model.at_context(kv_used).plan(mask)
+            batch_tokens, batch_time_s = model.batch_at(kv_used, mask)  # plan(mask)'s, at this KV
             admitted = 0  # _admissions with nobody to preempt: how much of the queue it takes
             room, kv_free = slots, capacity - kv_used
             for need in needs:
@@ -244,8 +264,8 @@ class SlosServeStepPlanner:
                     task.tokens_left = item.prompt_left
                     left += item.prompt_left
                     seen.append(task)
-            urgent = urgent_prefill_tokens(now, seen, plan.batch_time_s, URGENCY)
-            budget = int(plan.batch_tokens)
+            urgent = urgent_prefill_tokens(now, seen, batch_time_s, URGENCY)
+            budget = int(batch_tokens)
             tokens = prefill_beside_every_decode(budget, decodes, urgent, left)
             if tokens is None:
                 return None
@@ -274,11 +294,29 @@ class SlosServeStepPlanner:
         settings = self.settings
         return settings.max_spec_len > 0 and settings.acceptance > 0.0
 
-    def _decode_tiers(self, replica: Any, prefilling: Any) -> tuple[list[float], int]:
+    def _decode_tiers(self, replica: Any, prefilling: tuple[Any, ...]) -> tuple[list[float], int]:
         """The tiers `plan` builds its BudgetModel on (the TPOTs of the SLO decodes and of `prefilling`) and the
-        mask of the decoding ones."""
+        mask of the decoding ones. The answer for the same requests is kept (a stretch often ends at an arrival
+        or an engine sample with the same requests in the batch, and the next one asks again); each request's
+        TPOT and tier are fixed while it is in the replica (`_deadlines`)."""
+        key = (tuple(replica.decoding), prefilling)
+        last = self._last_tiers
+        if last is not None and last[0] == key:
+            return last[1]
+        answer = self._tiers_of(replica, prefilling)
+        self._last_tiers = (key, answer)
+        return answer
+
+    def _tiers_of(self, replica: Any, prefilling: tuple[Any, ...]) -> tuple[list[float], int]:
         deadlines = self._deadlines
-        decode_tpots = {tpot for _, tpot, best_effort, _ in map(deadlines, replica.decoding) if not best_effort}
+        fixed = self._fixed  # _deadlines' own cache, read inline (this runs at every stretch's start)
+        decode_tpots: set[float] = set()
+        for item in replica.decoding:
+            known = fixed.get(item)
+            if known is None:
+                known = deadlines(item)
+            if not known[2]:
+                decode_tpots.add(known[1])
         tpots = decode_tpots | {deadlines(item)[1] for item in prefilling}
         tiers = tier_list(tpots) if tpots else [1.0]
         mask = 0
@@ -286,6 +324,16 @@ class SlosServeStepPlanner:
             if tpot in decode_tpots:
                 mask |= 1 << i
         return tiers, mask
+
+    def _stretch_budget(self, tiers: list[float], sequences: int) -> BudgetModel:
+        """`_budget(tiers, any KV, sequences)` for the stretch checks, kept per tiers and sequences: they move it to
+        each step's KV themselves (`at_context`, `batch_at`, `holds_decodes_between` all answer as a model
+        built for that KV would) and never speculate, so only the tiers and the sequences tell models apart."""
+        key = (tuple(tiers), sequences)
+        model = self._stretch_budgets.get(key)
+        if model is None:
+            model = self._stretch_budgets[key] = self._budget(tiers, 0.0, sequences)
+        return model
 
     def _budget(
         self, tiers: list[float], kv_used: float, sequences: int, reference: list[float] | None = None

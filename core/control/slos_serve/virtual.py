@@ -39,6 +39,8 @@ class Tracked:
         start = self.decode_start_s if self.decode_start_s is not None else self.prefill_deadline_s
         start += done * self.tpot_s
         generated = 0.0 if prefill else 1.0 + done
+        # Positional (PlanRequest's field order: ..., kv_tokens, context_tokens, decode_start_s): one per running
+        # request at every admission decision.
         return PlanRequest(
             self.request_id,
             self.prefill_deadline_s,
@@ -46,8 +48,8 @@ class Tracked:
             max(0, round(self.decode_left)),
             self.tpot_s,
             self.kv_tokens,
-            context_tokens=int(self.prompt_tokens - prefill + generated),
-            decode_start_s=start,
+            int(self.prompt_tokens - prefill + generated),
+            start,
         )
 
 
@@ -134,8 +136,9 @@ class VirtualReplica:
         """What the replica holds and still owes work to, as the DP sees it; `best_effort=False` leaves out
         the best-effort tier (it reserves nothing: see `try_admit`)."""
         self.advance(now)
+        as_plan = Tracked.as_plan
         return [
-            t.as_plan()
+            as_plan(t)
             for t in self.requests.values()
             if (t.prefill_left > 0 or t.decode_left > 0) and (best_effort or not t.best_effort)
         ]
