@@ -219,9 +219,10 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
     )
 
 
-def selected_counts(selected: np.ndarray) -> np.ndarray:
-    """Candidates selected per request (the row sums of an (n, N) mask)."""
-    return _row_sums(selected, axis=1)
+def selected_counts(selected: np.ndarray, plus: int = 0) -> np.ndarray:
+    """Candidates selected per request (the row sums of an (n, N) mask), plus `plus` each (the reduction's
+    initial value: the roots counted without an array of its own)."""
+    return _row_sums(selected, axis=1, initial=plus)
 
 
 def most_probable(approx: np.ndarray, count: int) -> np.ndarray:
@@ -259,11 +260,13 @@ def accepted_draft_tokens(
 
 
 def accepted_depths(
-    shape: CandidateShape, selected: np.ndarray, true_probs: np.ndarray, uniforms: np.ndarray
+    shape: CandidateShape, selected: np.ndarray, true_probs: np.ndarray, uniforms: np.ndarray, plus: int = 0
 ) -> np.ndarray:
-    """accepted_draft_tokens on the (n, N) selected mask itself."""
+    """accepted_draft_tokens on the (n, N) selected mask itself, plus `plus` each (the reduction's initial
+    value: the verifier's own token counted without an array of its own)."""
     reach = (true_probs * selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
-    return _row_sums(reach > uniforms[:, None], axis=1)
+    # (d, n) against the uniforms along its rows (the transpose is a view; no (n, 1) column to index).
+    return _row_sums(uniforms < reach.T, axis=0, initial=plus)
 
 
 # ndarray.sum of booleans without its Python wrapper (integer counts: no rounding to differ).
