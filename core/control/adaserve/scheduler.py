@@ -23,6 +23,7 @@ from core.control.adaserve.speculation import (
     chain_selection,
     clip_acceptance,
     draft_estimate,
+    every_candidate,
     full_selection,
     most_probable,
     path_probabilities,
@@ -130,9 +131,9 @@ class AcceptanceRun:
         if len(known) <= start:
             end = min(start + FULL_TREE_STEPS, self.length)
             shape = candidate_shape(depth, width)
-            selection = full_selection(end - start, shape.size)
+            selected = every_candidate(end - start, shape.size)
             probs = path_probabilities(shape, self.truth[start:end], clipped=True)
-            drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:end]).tolist()
+            drawn = accepted_depths(shape, selected, probs, self.uniforms[start:end]).tolist()
             known = self.full[(depth, width)] = known + [0] * (start - len(known)) + drawn
         return known
 

@@ -100,14 +100,27 @@ def path_probabilities(shape: CandidateShape, acceptance: np.ndarray, *, clipped
     """(n, N) path probabilities a^depth (1 - a)^offset of every candidate node for each request's a
     (`clipped`: the caller already passed `acceptance` through clip_acceptance)."""
     a = acceptance if clipped else clip_acceptance(acceptance)
-    depth, offset = shape.exponents
-    # outer(x, y)[i, j] = x[i] * y[j], the same products as x[:, None] * y in fewer calls.
-    logs = _outer(np.log(a), depth)
-    logs += _outer(np.log1p(-a), offset)
-    return np.exp(logs, out=logs)
+    rows, size = len(a), shape.size
+    depth, offset = _tiled_exponents(shape.depth_limit, shape.width, rows)
+    # Row i of the outer products log(a) x depth and log1p(-a) x offset, flattened: a[i]'s logarithm repeated
+    # once per node times the exponents tiled once per row, the same products (and the same sum and exp)
+    # elementwise in one-dimensional calls, which numpy runs far cheaper than a broadcast outer product.
+    logs = np.log(a).repeat(size)
+    logs *= depth
+    tail = np.log1p(-a).repeat(size)
+    tail *= offset
+    logs += tail
+    np.exp(logs, out=logs)
+    return logs.reshape(rows, size)
 
 
-_outer = np.multiply.outer
+@functools.lru_cache(maxsize=1024)
+def _tiled_exponents(depth: int, width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """candidate_shape(depth, width).exponents, each tiled `rows` times (read-only: shared between calls)."""
+    tiled = tuple(np.tile(exponent, rows) for exponent in candidate_shape(depth, width).exponents)
+    for exponent in tiled:
+        exponent.flags.writeable = False
+    return tiled  # type: ignore[return-value]
 
 
 def draft_estimate(
@@ -158,9 +171,16 @@ class Selection:
 
 def full_selection(n: int, size: int) -> Selection:
     """Every candidate of every request (the budget holds them all)."""
-    return Selection(
-        counts=np.full(n, size), slo_counts=np.zeros(n, dtype=np.int64), selected=np.ones((n, size), dtype=bool)
-    )
+    return Selection(counts=np.full(n, size), slo_counts=np.zeros(n, dtype=np.int64), selected=every_candidate(n, size))
+
+
+@functools.lru_cache(maxsize=1024)
+def every_candidate(n: int, size: int) -> np.ndarray:
+    """The (n, size) mask with every candidate selected (read-only: shared between calls; a request's full-tree
+    draws ask it every few steps)."""
+    mask = np.ones((n, size), dtype=bool)
+    mask.flags.writeable = False
+    return mask
 
 
 def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max: int) -> Selection:
