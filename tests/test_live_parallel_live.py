@@ -107,12 +107,20 @@ def test_two_candidates_measured_at_once_on_two_vllm_cpu_servers_one_core_each(t
     assert (wide_server.get("spec_draft_tokens") or 0) > 0, wide_server
     assert (wide_server.get("spec_mean_acceptance_length") or 9.0) < 1.2, wide_server
     assert not off_server.get("spec_draft_tokens"), off_server
-    # Then as the clients timed it: the 8 draft passes per step cost far more than measurement noise in the
-    # median request (2026-11-26: p50 8.90 s against 0.84 s beside three other vLLMs on the 2 cores). Not the
-    # completion rate: on this machine both servers' API processes share both cores with the clients and Ray,
-    # and a CI run with the spec-off server starved (its p99 time per token 45 ms against the wide one's 37 ms)
-    # measured 3.94 against 2.37 completions/s, where earlier runs gave 4-9x.
-    assert wide.p50_s > 2 * off.p50_s, (wide.p50_s, off.p50_s)
+    # Then the cost of those flags, as each server's own e2e histogram timed its requests: the 8 draft passes
+    # per step cost far more than measurement noise (the calibration's step terms: ~16 ms a step against ~5 ms
+    # at 4 running requests). The servers' histograms, not the clients' clocks: the engines are bound to a
+    # core each, but both API processes, both clients, Ray and pytest float over the same 2 cores, and what
+    # the clients time beyond the engine follows that contention, not the flags. A CI run on 2026-11-26 (load
+    # average 6.9) timed a client p50 of 2.91 s (wide) against 1.61 s (off), 1.8x, while the servers' own e2e
+    # means were 2.34 s against 0.49 s, 4.8x: the off server's requests waited 1.1 s outside its engine.
+    # Three runs here at load 8.7-11.8 (three engineers' benchmarks beside): servers' e2e 8.5x, 8.4x, 7.0x;
+    # clients' p50 14.5x, 8.7x, 5.7x. Earlier runs: client p50 8.90 s against 0.84 s; completions 1.66x-9x.
+    wide_e2e, off_e2e = wide_server.get("e2e_mean_s"), off_server.get("e2e_mean_s")
+    assert wide_e2e is not None and off_e2e is not None, (wide_server, off_server)
+    assert wide_e2e > 2 * off_e2e, (wide_e2e, off_e2e)
+    # And the clients see the same order, whatever the contention adds to both.
+    assert wide.p50_s > off.p50_s, (wide.p50_s, off.p50_s)
     journaled = (tmp_path / "tune-journal.jsonl").read_text()
     assert journaled.count('"kind":"segment"') == 2
     deadline = time.monotonic() + 60

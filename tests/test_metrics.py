@@ -241,6 +241,31 @@ def test_chunk_due_times_equal_token_due_s_to_the_bit(spec: SmoothGoodputSpec) -
     assert got.tobytes() == expected.tobytes()
 
 
+@pytest.mark.parametrize("spec", [SMOOTH, SmoothGoodputSpec(reading_speed_tps=7.3, ttft_allow_s=0.37)])
+def test_one_token_chunks_judged_as_chunks_of_one_token_each(spec: SmoothGoodputSpec) -> None:
+    # The lateness pass for records without chunk sizes (one token a chunk: positions from an arange) against
+    # the sized pass (positions from the sizes' running sum) given sizes of 1: the same doubles.
+    rng = np.random.default_rng(3)
+    plain, sized = [], []
+    for i in range(500):
+        n = int(rng.integers(1, 600))
+        arrival = float(rng.uniform(0.0, 3e4))
+        times = arrival + np.cumsum(rng.exponential(0.05, size=n)) * rng.choice([0.2, 1.0, 8.0])
+        plain.append(rec(i, chunks=times, arrival=arrival))
+        sized.append(rec(i, chunks=times, tokens=[1] * n, arrival=arrival))
+    got = compute_outcomes(plain, fallback_slo=NO_SLO, smooth=spec)
+    expected = compute_outcomes(sized, fallback_slo=NO_SLO, smooth=spec)
+    for name in ("idle_s", "benefit", "ttft_s", "tpot_s"):
+        assert getattr(got, name).tobytes() == getattr(expected, name).tobytes(), name
+
+
+def test_chunk_positions_are_an_arange_as_the_table_grows() -> None:
+    for n in (0, 3, 70_000, 10, 300_000, 5):
+        positions = outcomes._chunk_positions(n)
+        assert positions.tobytes() == np.arange(n, dtype=np.float64).tobytes()
+        assert not positions.flags.writeable  # shared by every batch: nobody may write into it
+
+
 def test_goodput_without_an_e2e_slo_uses_the_other_slos() -> None:
     slow_first_token = rec(0, chunks=[0.8, 0.9])
     fine = rec(1, chunks=[0.1, 0.2])

@@ -54,6 +54,10 @@ GAP_DRAWS = {
     "repeated": lambda rng: lambda k: rng.choice(rng.lognormal(-3.5, 0.3, 7), k),
     "signed": lambda rng: lambda k: rng.normal(0.0, 1.0, k),  # negative gaps and times going back
     "integers": lambda rng: lambda k: rng.integers(0, 3, k).astype(float),  # exact zeros, ties at the ranks
+    # Mostly positive with a rare negative or -0.0: some blocks have a sign bit set and others not.
+    "rarely signed": lambda rng: (
+        lambda k: rng.lognormal(-3.5, 0.6, k) * rng.choice([1.0, -1.0, -0.0], k, p=[0.998, 0.001, 0.001])
+    ),
 }
 
 
@@ -82,6 +86,15 @@ def test_a_million_gaps_sum_like_numpy(materialise: int, monkeypatch: pytest.Mon
     records = [rec(i, chunks=np.cumsum(rng.lognormal(-3.5, 0.6, 1 + int(rng.integers(1, 400))))) for i in range(6000)]
     assert len(_materialised(records)) > 4 * itl._LEAF
     assert _same(_streamed(records), _numpy_summary(records))
+
+
+def test_order_keys_sort_as_the_values() -> None:
+    # The keys as they are taken (the bits themselves where no sign bit is set) against the general formula.
+    rng = np.random.default_rng(5)
+    for values in (rng.lognormal(0.0, 3.0, 5000), rng.normal(0.0, 1.0, 5000), np.array([0.0, -0.0, 1e-300, -1e-300])):
+        bits = values.view(np.int64)
+        assert np.array_equal(itl._order_key(values), bits ^ ((bits >> 63) & np.int64(0x7FFFFFFFFFFFFFFF)))
+        assert np.all(np.diff(values[np.argsort(itl._order_key(values), kind="stable")]) >= 0)
 
 
 def test_linear_percentiles_follow_numpy_for_every_size() -> None:

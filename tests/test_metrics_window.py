@@ -222,3 +222,42 @@ def test_a_live_backends_summary_sees_records_completed_after_the_run() -> None:
     assert late > 40 and summary_failed == late  # judged afresh: every late rejection counts
     summary_failed, late = failed("sim")
     assert late > 40 and summary_failed < late  # the simulator: the window's verdicts stand (its records are final)
+
+
+def test_the_window_keeps_the_rows_a_deque_of_tuples_kept() -> None:
+    """The rows table against the reference it replaced: each batch's outcome columns as tuples of Python
+    floats appended to a deque, the oldest popped while its end is at or before the horizon (out-of-order
+    ends linger behind an older row, failures keyed by their end, a request that never ended by its arrival)."""
+    from collections import deque
+
+    from core.metrics.outcomes import compute_outcomes
+
+    rng = np.random.default_rng(11)
+    statuses = [Status.OK] * 8 + [Status.TIMEOUT, Status.ERROR]
+    records = []
+    for i in range(600):
+        status = statuses[int(rng.integers(len(statuses)))]
+        records.append(finished(i, float(i) * 0.1, float(rng.exponential(1.5)), status=status))
+    records.sort(key=lambda r: r.end_s + float(rng.normal(0.0, 0.4)))  # roughly in end order
+    agg = WindowedAggregator(3.0, SLO, SMOOTH, batch_size=16)
+    reference: deque[tuple[float, ...]] = deque()
+    newest = -math.inf
+    pending = []
+    for step, rec in enumerate(records, 1):
+        agg.add(rec)
+        pending.append(rec)
+        if len(pending) == 16 or step % 37 == 0:
+            out = compute_outcomes(pending, fallback_slo=SLO, smooth=SMOOTH)
+            pending = []
+            key = np.where(np.isnan(out.end_s), out.arrival_s, out.end_s)
+            columns = (key, out.ok, out.e2e_s, out.ttft_s, out.tpot_s, out.good, out.attained, out.benefit)
+            reference.extend(zip(*(c.astype(float).tolist() for c in (*columns, out.output_tokens)), strict=True))
+            newest = max(newest, float(key.max()))
+            now = newest if step % 37 else newest + 0.5  # a snapshot a little after the newest end too
+            while reference and reference[0][0] <= now - 3.0:
+                reference.popleft()
+            if step % 37 == 0:
+                agg.snapshot(now)
+            else:
+                agg._flush()
+            assert np.array_equal(agg._rows, np.array(reference, dtype=float).reshape(-1, 9), equal_nan=True)

@@ -101,6 +101,10 @@ def _pairwise_sum(leaf_sums: Iterator[float], lo: int, n: int) -> float:
 def _order_key(values: np.ndarray) -> np.ndarray:
     """int64 keys in the order of the float64 values (negative values' magnitude bits flipped)."""
     bits = values.view(np.int64)
+    if bits.min(initial=0) >= 0:
+        # No sign bit set (latency gaps, the usual case): the keys are the bits themselves, and the three
+        # passes that flip negative values' bits would change nothing.
+        return bits
     return bits ^ ((bits >> 63) & np.int64(0x7FFFFFFFFFFFFFFF))
 
 
@@ -203,8 +207,9 @@ def _select(series: GapSeries, histogram: _BinCounts, ranks: list[int]) -> dict[
     filled = [0] * len(positions)
     for gaps in series.blocks():
         slot = slot_of_bin[_bins(gaps) - histogram.first]
-        # The few gaps in a wanted bin first (one pass over the block), then each bin's among them, in order.
-        wanted = slot >= 0
+        # The few gaps in a wanted bin first (one pass over the block: their positions, then two gathers of a
+        # few percent of it, where two boolean masks would each pass over all of it), then each bin's among them.
+        wanted = np.flatnonzero(slot >= 0)
         gaps, slot = gaps[wanted], slot[wanted]
         for j in range(len(positions)):
             found = gaps[slot == j]

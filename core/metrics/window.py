@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import operator
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -27,8 +26,9 @@ from core.metrics.summary import NAN, _json_ready, percentiles
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord
 
-# Row layout of the window deque.
+# Column layout of the window's rows.
 _KEY, _OK, _E2E, _TTFT, _TPOT, _GOOD, _ATTAINED, _BENEFIT, _TOKENS = range(9)
+_COLUMNS = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +91,9 @@ class WindowedAggregator:
         self.smooth = smooth
         self._batch_size = batch_size
         self._pending: list[RequestRecord] = []
-        self._rows: deque[tuple[float, ...]] = deque()
+        # The window's rows (one per judged request, the columns below), oldest first: a float64 table whose
+        # leading rows are dropped as they leave the window, the same values and order a deque of tuples held.
+        self._rows = np.empty((0, _COLUMNS))
         self._newest_key = -math.inf
         self._first_arrival_s = math.inf
         self._totals = WindowTotals()
@@ -134,7 +136,7 @@ class WindowedAggregator:
             out.benefit,
             out.output_tokens,
         )
-        self._rows.extend(zip(*(col.astype(float).tolist() for col in columns), strict=True))
+        self._rows = np.concatenate((self._rows, np.column_stack(columns).astype(float, copy=False)))
         self._newest_key = max(self._newest_key, float(key.max()))
         self._first_arrival_s = min(self._first_arrival_s, float(out.arrival_s.min()))
         completed = int(out.ok.sum())
@@ -176,9 +178,10 @@ class WindowedAggregator:
         # Rows arrive roughly in end order; one that is out of order lingers until those before it go,
         # and `snapshot` filters by time anyway, so this only bounds memory.
         horizon = now_s - self.window_s
-        rows = self._rows
-        while rows and rows[0][_KEY] <= horizon:
-            rows.popleft()
+        gone = self._rows[:, _KEY] <= horizon
+        if gone.any():
+            # The leading rows up to the first that stays (argmin: the first False), or all of them.
+            self._rows = self._rows[int(gone.argmin()) :] if not gone.all() else self._rows[:0]
 
     def snapshot(self, now_s: float) -> WindowSnapshot:
         """Metrics of (now_s - window_s, now_s]. Time only moves forward: rows older than the newest
@@ -186,12 +189,12 @@ class WindowedAggregator:
         self._flush()
         self._evict(now_s)
         span = min(self.window_s, now_s - self._first_arrival_s)
-        if self._rows:
-            table = np.array(self._rows, dtype=float)
+        if len(self._rows):
+            table = self._rows
             inside = (table[:, _KEY] > now_s - self.window_s) & (table[:, _KEY] <= now_s)
             table = table[inside]
         else:
-            table = np.empty((0, 9))
+            table = np.empty((0, _COLUMNS))
         ok = table[:, _OK] > 0
         e2e = table[ok, _E2E]
         e2e = e2e[~np.isnan(e2e)]
