@@ -22,12 +22,15 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from operator import itemgetter
 
 import numpy as np
 
 from core.profile import Calibration, KnobsSpec
 from core.sim.replica import CompletionCallback, EngineReplica, SimRequest
 from core.step_planner_api import BatchPlan, StepPlanner, StepRequest, draw_accepted, plan_fcfs_prefill
+
+_second = itemgetter(1)  # (request, tokens) -> tokens
 
 
 class FcfsStepPlanner:
@@ -106,8 +109,14 @@ class StepwiseReplica(EngineReplica):
                 self.prefilling.append(item)
             if chunk > 0:
                 prefill.append((item, min(chunk, item.prompt_left)))
-        decode = [(item, verified) for item, verified in batch.decode if verified > 0]
-        tokens = sum(chunk for _, chunk in prefill) + sum(verified for _, verified in decode)
+        drawn = batch.emitted
+        if drawn is None:
+            decode = [(item, verified) for item, verified in batch.decode if verified > 0]
+        else:  # every entry verifies at least one position (BatchPlan.emitted's contract): nothing to drop
+            decode = batch.decode
+        tokens = sum(map(_second, decode))
+        if prefill:
+            tokens += sum(map(_second, prefill))
         if tokens == 0:
             return False
         sequences = len(prefill) + len(decode)
@@ -119,16 +128,18 @@ class StepwiseReplica(EngineReplica):
         accepted = self.planner.accepted
         rng = self.rng
         grown = 0
-        drawn = batch.emitted or [accepted(item, verified, rng) for item, verified in decode]
+        if not drawn:
+            drawn = [accepted(item, verified, rng) for item, verified in decode]
         for (item, _), tokens in zip(decode, drawn, strict=True):
-            emitted = min(item.out_left, tokens)
             # _emit_tokens, inline (the per-request hot loop of every planner-driven step)
-            item.out_left -= emitted
+            left = item.out_left
+            emitted = tokens if tokens < left else left  # min(left, tokens)
+            item.out_left = left - emitted
             item.run_tokens += emitted
             grown += emitted
             item.chunk_times.append(now)
             item.chunk_tokens.append(emitted)
-            if item.out_left == 0:
+            if emitted == left:  # (out_left is now 0)
                 completed.append(item)
         self.kv_used += grown
         self.generated_tokens += grown

@@ -95,6 +95,10 @@ class TreePlanner:
         self._stake_start = 0  # _slo_at_stake's first position to check: where it last found a request at stake
         self._no_prefill: PrefillLoad | None = None  # _prefill_load's answer with nothing queued or prefilling
         self._at_stake = False  # whether _slo_at_stake found a request at stake in the last step planned
+        # The throughput phase asked directly (TreeScheduler.throughput_step; the static baseline has none) and
+        # whether Algorithm 2 runs its SLO phase for requests behind (the spec is frozen: read once).
+        self._throughput = scheduler.throughput_step if isinstance(scheduler, TreeScheduler) else None
+        self._slo_selection = scheduler.spec.slo_selection
 
     def plan(self, replica: StepReplicaView, now: float) -> BatchPlan:
         decoding = replica.decoding
@@ -119,13 +123,22 @@ class TreePlanner:
             elif budget <= n:
                 return self._roots_only(replica, batch)
             else:
-                decision = self.scheduler.step(self._decode_batch(replica, now, prefill, budget, spec_steps))
-                counts = decision.verified.tolist()
-                emitted = decision.emitted.tolist()
+                columns, needs = self._step_columns(replica, now, prefill, budget, spec_steps)
+                if full is None and self._throughput is not None and (needs is None or not self._slo_selection):
+                    # Nobody behind (every bench-chat selection step): the throughput phase on the columns.
+                    counted, drawn = self._throughput(columns[: 2 * n], columns[2 * n :], budget)
+                    counts = counted.tolist()
+                    emitted = drawn.tolist()
+                    verified = budget  # (the phase marks exactly B - n candidates beside the n roots; B > n)
+                    batch.spec_steps = spec_steps  # (layout's d for this B and n, as scheduler.step answers)
+                else:
+                    decision = self.scheduler.step(self._decode_batch(columns, needs, budget))
+                    counts = decision.verified.tolist()
+                    emitted = decision.emitted.tolist()
+                    verified = sum(counts)
+                    # A step that drafts nothing runs no draft passes.
+                    batch.spec_steps = decision.spec_steps if verified > n else 0
                 batch.decode = list(zip(decoding, counts, strict=True))
-                verified = sum(counts)
-                # A step that drafts nothing runs no draft passes.
-                batch.spec_steps = decision.spec_steps if verified > n else 0
                 batch.emitted = emitted
                 self.scheduler.record(n, verified, sum(emitted))
         if replica.prefilling or replica.waiting:  # (nothing to prefill otherwise)
@@ -290,30 +303,32 @@ class TreePlanner:
         run.next += 1
         return run
 
-    def _decode_batch(
+    def _step_columns(
         self, replica: StepReplicaView, now: float, prefill: PrefillLoad, budget: int, spec_steps: int
-    ) -> DecodeBatch:
-        """The decoding requests' SLO state and this step's randomness, for `scheduler.step` (`budget` and
-        `spec_steps`: scheduler.layout's)."""
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """This step's randomness for every decoding request, as one array: the draft's estimates, then the true
+        rates (the step prices both in one pass), then the uniforms; and the needs A(r) - 1 (`budget` and
+        `spec_steps`: scheduler.layout's), None when no request is behind (need > 0), the only way select()
+        reads them."""
         decoding = replica.decoding
-        n = len(decoding)
         step_s = -1.0  # t_spec of A(r) (_spec_step_s), asked at the first request with a TPOT SLO
         # Columns as Python lists, turned into one array (faster than an array of row tuples).
-        needs: list[float] = []
         estimates: list[float] = []
         truths: list[float] = []
         uniforms: list[float] = []
+        add_estimate, add_truth, add_uniform = estimates.append, truths.append, uniforms.append
+        needs: list[float] | None = None  # made at the first request with a TPOT SLO (0.0 for those before it)
         behind = False
         inf = math.inf
         for item in decoding:
             track = item.planned
-            if track is None or track.run.next >= track.run.length:
+            if track is not None and (run := track.run).next < run.length:  # (the common case of _next_run)
+                step = run.next
+                run.next = step + 1
+            else:
                 run = self._next_run(item)
                 track = item.planned
-            else:  # (the common case of _next_run, inline)
-                run = track.run
-                run.next += 1
-            step = run.next - 1
+                step = run.next - 1
             if track.tpot_s < inf:
                 if step_s < 0.0:
                     step_s = self._spec_step_s(replica, prefill, budget, spec_steps)
@@ -322,21 +337,24 @@ class TreePlanner:
                 need = (now - track.first_token_s + step_s) / track.tpot_s - (track.output_tokens - item.out_left)
                 if need > 0.0:
                     behind = True
+                if needs is None:
+                    needs = [0.0] * len(truths)
                 needs.append(need)
-            else:  # no TPOT SLO: x / inf - o is never above 0, and select() reads a need only through need > 0
+            elif needs is not None:  # no TPOT SLO: x / inf - o is never above 0, and select() reads need > 0 only
                 needs.append(0.0)
-            truths.append(run.truth_list[step])
-            estimates.append(run.estimate_list[step])
-            uniforms.append(run.uniform_list[step])
-        # The draft's estimates then the true rates (the step prices both in one pass), then the uniforms: one
-        # array, the batch's columns views of it. The needs only when the SLO-customized phase runs.
+            add_truth(run.truth_list[step])
+            add_estimate(run.estimate_list[step])
+            add_uniform(run.uniform_list[step])
         estimates += truths
         estimates += uniforms
-        columns = np.array(estimates)
+        return np.array(estimates), np.array(needs) if behind else None
+
+    @staticmethod
+    def _decode_batch(columns: np.ndarray, needs: np.ndarray | None, budget: int) -> DecodeBatch:
+        """`scheduler.step`'s batch on `_step_columns`' answer: its columns views of the one array."""
+        n = len(columns) // 3
         paired = columns[: 2 * n]
-        return DecodeBatch(
-            budget, np.array(needs) if behind else None, paired[n:], paired[:n], columns[2 * n :], paired, behind=behind
-        )
+        return DecodeBatch(budget, needs, paired[n:], paired[:n], columns[2 * n :], paired, behind=needs is not None)
 
     def _spec_step_s(self, replica: StepReplicaView, prefill: PrefillLoad, budget: int, spec_steps: int) -> float:
         """t_spec of A(r): this step's time (before noise) at the planned verification tokens plus the prefill

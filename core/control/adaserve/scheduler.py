@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from core.control.adaserve.speculation import (
+    CandidateShape,
     accepted_depths,
     accepted_draft_tokens,
     candidate_shape,
     chain_selection,
     clip_acceptance,
     draft_estimate,
+    every_candidate,
     full_selection,
     most_probable,
     path_probabilities,
@@ -129,9 +131,9 @@ class AcceptanceRun:
         if len(known) <= start:
             end = min(start + FULL_TREE_STEPS, self.length)
             shape = candidate_shape(depth, width)
-            selection = full_selection(end - start, shape.size)
+            selected = every_candidate(end - start, shape.size)
             probs = path_probabilities(shape, self.truth[start:end], clipped=True)
-            drawn = accepted_draft_tokens(shape, selection, probs, self.uniforms[start:end]).tolist()
+            drawn = accepted_depths(shape, selected, probs, self.uniforms[start:end]).tolist()
             known = self.full[(depth, width)] = known + [0] * (start - len(known)) + drawn
         return known
 
@@ -246,12 +248,8 @@ class TreeScheduler:
                 both = path_probabilities(shape, np.concatenate([batch.estimate, batch.truth]))
             self.selection_steps += 1
             if not (batch.behind and self.spec.slo_selection):
-                # Nobody behind (or the ablation, as if every need were min(need, 0)): select() is its
-                # throughput phase alone, the budget's most probable candidates; the same calls without its
-                # bookkeeping (no SLO-phase tokens or requests to count).
-                selected = most_probable(both[:n], batch.budget - n)
-                accepted = accepted_depths(shape, selected, both[n:], batch.uniforms)
-                return StepDecision(verified=selected_counts(selected) + 1, emitted=accepted + 1, spec_steps=depth)
+                verified, emitted = _throughput_phase(shape, both, batch.uniforms, batch.budget)
+                return StepDecision(verified=verified, emitted=emitted, spec_steps=depth)
             assert batch.need is not None  # (behind: the caller built it)
             selection = select(both[:n], batch.need, batch.budget, depth, self.spec.n_max)
             accepted = accepted_draft_tokens(shape, selection, both[n:], batch.uniforms)
@@ -259,6 +257,15 @@ class TreeScheduler:
         self.slo_served_beyond_tree += selection.beyond_tree
         self.slo_tokens += selection.slo_total  # the rest of the account: record(), from the planner's lists
         return StepDecision(verified=selection.counts + 1, emitted=accepted + 1, spec_steps=depth)
+
+    def throughput_step(self, paired: np.ndarray, uniforms: np.ndarray, budget: int) -> tuple[np.ndarray, np.ndarray]:
+        """`step`'s answer (verified, emitted) for a batch with nobody behind (or the `slo_selection: false`
+        ablation) whose candidates do not all fit the budget B (`layout` gave no full tree) and B leaves room
+        beside the roots (B > n): the planner asks it directly with the batch's `paired` estimates and truths
+        (clipped) and `uniforms`, without the DecodeBatch and StepDecision around the same calls."""
+        shape = candidate_shape(*self.shape(len(uniforms), budget))
+        self.selection_steps += 1
+        return _throughput_phase(shape, path_probabilities(shape, paired, clipped=True), uniforms, budget)
 
     def roots_only(self) -> None:
         """Account a step whose budget holds no draft token beside the roots (B <= n): Algorithm 2 selects
@@ -288,6 +295,18 @@ class TreeScheduler:
                 (self.emitted_tokens - self.verified_tokens + self.draft_tokens) / max(self.draft_tokens, 1), 3
             ),
         }
+
+
+def _throughput_phase(
+    shape: CandidateShape, both: np.ndarray, uniforms: np.ndarray, budget: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Algorithm 2 with nobody behind (or the ablation, as if every need were min(need, 0)): select() is its
+    throughput phase alone, the budget's most probable candidates; the same calls without its bookkeeping (no
+    SLO-phase tokens or requests to count). `both`: the estimates' path probabilities, then the truths'.
+    Returns (verified, emitted) per request."""
+    n = len(uniforms)
+    selected = most_probable(both[:n], budget - n)
+    return selected_counts(selected, 1), accepted_depths(shape, selected, both[n:], uniforms, 1)
 
 
 class StaticScheduler:

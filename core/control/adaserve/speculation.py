@@ -100,14 +100,27 @@ def path_probabilities(shape: CandidateShape, acceptance: np.ndarray, *, clipped
     """(n, N) path probabilities a^depth (1 - a)^offset of every candidate node for each request's a
     (`clipped`: the caller already passed `acceptance` through clip_acceptance)."""
     a = acceptance if clipped else clip_acceptance(acceptance)
-    depth, offset = shape.exponents
-    # outer(x, y)[i, j] = x[i] * y[j], the same products as x[:, None] * y in fewer calls.
-    logs = _outer(np.log(a), depth)
-    logs += _outer(np.log1p(-a), offset)
-    return np.exp(logs, out=logs)
+    rows, size = len(a), shape.size
+    depth, offset = _tiled_exponents(shape.depth_limit, shape.width, rows)
+    # Row i of the outer products log(a) x depth and log1p(-a) x offset, flattened: a[i]'s logarithm repeated
+    # once per node times the exponents tiled once per row, the same products (and the same sum and exp)
+    # elementwise in one-dimensional calls, which numpy runs far cheaper than a broadcast outer product.
+    logs = np.log(a).repeat(size)
+    logs *= depth
+    tail = np.log1p(-a).repeat(size)
+    tail *= offset
+    logs += tail
+    np.exp(logs, out=logs)
+    return logs.reshape(rows, size)
 
 
-_outer = np.multiply.outer
+@functools.lru_cache(maxsize=1024)
+def _tiled_exponents(depth: int, width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """candidate_shape(depth, width).exponents, each tiled `rows` times (read-only: shared between calls)."""
+    tiled = tuple(np.tile(exponent, rows) for exponent in candidate_shape(depth, width).exponents)
+    for exponent in tiled:
+        exponent.flags.writeable = False
+    return tiled  # type: ignore[return-value]
 
 
 def draft_estimate(
@@ -158,9 +171,16 @@ class Selection:
 
 def full_selection(n: int, size: int) -> Selection:
     """Every candidate of every request (the budget holds them all)."""
-    return Selection(
-        counts=np.full(n, size), slo_counts=np.zeros(n, dtype=np.int64), selected=np.ones((n, size), dtype=bool)
-    )
+    return Selection(counts=np.full(n, size), slo_counts=np.zeros(n, dtype=np.int64), selected=every_candidate(n, size))
+
+
+@functools.lru_cache(maxsize=1024)
+def every_candidate(n: int, size: int) -> np.ndarray:
+    """The (n, size) mask with every candidate selected (read-only: shared between calls; a request's full-tree
+    draws ask it every few steps)."""
+    mask = np.ones((n, size), dtype=bool)
+    mask.flags.writeable = False
+    return mask
 
 
 def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max: int) -> Selection:
@@ -219,9 +239,10 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
     )
 
 
-def selected_counts(selected: np.ndarray) -> np.ndarray:
-    """Candidates selected per request (the row sums of an (n, N) mask)."""
-    return _row_sums(selected, axis=1)
+def selected_counts(selected: np.ndarray, plus: int = 0) -> np.ndarray:
+    """Candidates selected per request (the row sums of an (n, N) mask), plus `plus` each (the reduction's
+    initial value: the roots counted without an array of its own)."""
+    return _row_sums(selected, axis=1, initial=plus)
 
 
 def most_probable(approx: np.ndarray, count: int) -> np.ndarray:
@@ -259,11 +280,13 @@ def accepted_draft_tokens(
 
 
 def accepted_depths(
-    shape: CandidateShape, selected: np.ndarray, true_probs: np.ndarray, uniforms: np.ndarray
+    shape: CandidateShape, selected: np.ndarray, true_probs: np.ndarray, uniforms: np.ndarray, plus: int = 0
 ) -> np.ndarray:
-    """accepted_draft_tokens on the (n, N) selected mask itself."""
+    """accepted_draft_tokens on the (n, N) selected mask itself, plus `plus` each (the reduction's initial
+    value: the verifier's own token counted without an array of its own)."""
     reach = (true_probs * selected) @ shape.level_onehot  # (n, d): P(accepted depth >= k)
-    return _row_sums(reach > uniforms[:, None], axis=1)
+    # (d, n) against the uniforms along its rows (the transpose is a view; no (n, 1) column to index).
+    return _row_sums(uniforms < reach.T, axis=0, initial=plus)
 
 
 # ndarray.sum of booleans without its Python wrapper (integer counts: no rounding to differ).
