@@ -121,8 +121,8 @@ class AdmissionPlanner:
         tier_of = {t: i for i, t in enumerate(tiers)}
         n_tiers = len(tiers)
 
-        decoders = [r for r in running if r.prefill_tokens <= 0 and r.decode_tokens > 0]  # `decoding`, inline
-        forced = [r for r in running if r.prefill_tokens > 0]
+        decoders = [r for r in running if r.decoding and r.decode_tokens > 0]
+        forced = [r for r in running if not r.decoding]
         # Visit order: by prefill deadline; a running request before a new one on a tie.
         visits: list[tuple[float, int, int, PlanRequest]] = [(r.prefill_deadline_s, 0, -1, r) for r in forced]
         visits += [(r.prefill_deadline_s, 1, pos, r) for pos, r in enumerate(new)]
