@@ -32,6 +32,10 @@ class ClientDriver:
         self._lookahead: RequestSpec | None = None
         self.taken = 0  # requests taken from the plan: sent, or queued for an in-flight slot
         self.in_flight = 0
+        # Open loop: the most requests in flight at once, and whether the cap ever held one back. A run whose cap
+        # held nobody is the same run under any cap of at least peak_in_flight, or none (core/sim/reach.py).
+        self.peak_in_flight = 0
+        self.cap_held = False
         self.blocked: deque[RequestSpec] = deque()  # open loop, waiting for the in-flight cap
         self._client_sends: list[tuple[float, int, int]] = []  # closed loop: (time, client, order)
         self._send_order = 0
@@ -63,6 +67,8 @@ class ClientDriver:
 
     def _send(self, spec: RequestSpec, t: float) -> None:
         self.in_flight += 1
+        if self.in_flight > self.peak_in_flight:
+            self.peak_in_flight = self.in_flight
         self._send_cb(spec, t, spec.arrival_s)
 
     def release(self, now: float) -> None:
@@ -99,6 +105,7 @@ class ClientDriver:
             self._take(spec, spec.arrival_s)
             self._lookahead = self._pull_spec()
             if cap is not None and (self.in_flight >= cap or self.blocked):
+                self.cap_held = True
                 self.blocked.append(spec)
             else:
                 self._send(spec, spec.arrival_s)

@@ -30,6 +30,7 @@ from core.controller_api import ControlledRequest, Policy
 from core.profile import Calibration, KnobsSpec
 from core.records import RequestRecord, RequestSpec, Status
 from core.sim.clients import ClientDriver
+from core.sim.reach import RunReach, run_reach
 from core.sim.replica import EngineReplica, SimRequest
 
 TIER_FAST_PATH = "high"  # fcfs serves everything from one tier
@@ -154,6 +155,21 @@ class SimEngine:
     @property
     def generated_tokens(self) -> float:
         return sum(r.generated_tokens for r in self.replicas)
+
+    def reach(self) -> RunReach | None:
+        """The knob values that would have made this same run (core/sim/reach.py), so far; None where other
+        code than fcfs on one plain replica reads max_num_seqs (a mode's planner, a router)."""
+        if not self._plain_passthrough:
+            return None
+        clients = self.clients
+        return run_reach(
+            self.plan.concurrency,
+            self.knobs.max_num_seqs,
+            seqs_probe=self.replicas[0].seqs_probe,
+            open_loop=self.plan.mode == "open",
+            peak_in_flight=clients.peak_in_flight,
+            cap_held=clients.cap_held,
+        )
 
     # ------------------------------------------------------------ controller
 

@@ -169,6 +169,10 @@ class EngineReplica:
         # Float: decodes with speculation grow the cache by a fractional expected count per step.
         self.kv_used = 0.0
         self._admit_seq = 0
+        # The largest running count that max_seqs was compared with (admission, admits_head): any
+        # max_num_seqs above it would have made every one of those tests come out the same, so the same run
+        # (core/sim/reach.py; a tune's sweep reuses the run for those values).
+        self.seqs_probe = 0
         # run_decode_steps' per-term constants by the number of decoding requests (they depend on nothing else).
         self._decode_terms: dict[int, DecodeStepCosts] = {}
 
@@ -261,7 +265,12 @@ class EngineReplica:
 
     def admits_head(self) -> bool:
         """Whether a step starting now would admit the first waiting request (step_once's admission test)."""
-        if not self.waiting or len(self.running_order) >= self.max_seqs:
+        if not self.waiting:
+            return False
+        running = len(self.running_order)
+        if running > self.seqs_probe:
+            self.seqs_probe = running
+        if running >= self.max_seqs:
             return False
         budget = self.token_budget - self.decoding * (self.width + 1)
         if budget <= 0:
@@ -449,6 +458,11 @@ class EngineReplica:
                     finished_prefill.append(req)
                 else:
                     prefilling.append(req)
+            # seqs_probe: the loop's last test compared the running count now (it stopped on the count or on a
+            # break, with someone waiting and budget left), else the count before the last admission.
+            probed = len(running_order) if waiting and budget > 0 else len(running_order) - 1
+            if probed > self.seqs_probe:
+                self.seqs_probe = probed
         if decode_tokens == 0 and prefill_tokens == 0:
             self.kv_used = kv_used
             return False

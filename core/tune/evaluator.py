@@ -127,17 +127,28 @@ class Evaluator:
         Ray) the points that loop would measure are measured side by side first, each journaled the moment
         it finishes (a Ctrl-C or a kill mid-step keeps the finished ones for --resume), so the loop's
         answers and its BudgetExhausted come out exactly as they would one by one."""
-        if getattr(self.runner, "parallel", False):
+        rounds = getattr(self.runner, "sweep_rounds", None)
+        if getattr(self.runner, "parallel", False) or rounds is not None:
             todo = self._ahead_of(points, phase, step, fraction)
             seed = self.seed_for(phase, step)
-            measuring = [asyncio.ensure_future(self._measure_ahead(p, k, phase, step, fraction, seed)) for k, p in todo]
-            try:
-                await asyncio.gather(*measuring)
-            finally:
-                for task in measuring:  # one failed or the step was cancelled: stop the others
-                    task.cancel()
-                await asyncio.gather(*measuring, return_exceptions=True)
+            # A simulator runner orders a sweep in rounds so that one run can answer for others (core/sim/reach.py);
+            # the points no round measured are answered by the runner in the loop below, at no cost.
+            key_of = {point: key for key, point in todo}
+            batches = [[p for _, p in todo]] if rounds is None else rounds(list(key_of), seed=seed, fraction=fraction)
+            for batch in batches:
+                await self._measure_side_by_side([(key_of[p], p) for p in batch], phase, step, fraction, seed)
         return [await self.evaluate(point, phase=phase, step=step, fraction=fraction) for point in points]
+
+    async def _measure_side_by_side(
+        self, todo: list[tuple[str, Point]], phase: str, step: int, fraction: float, seed: int
+    ) -> None:
+        measuring = [asyncio.ensure_future(self._measure_ahead(p, k, phase, step, fraction, seed)) for k, p in todo]
+        try:
+            await asyncio.gather(*measuring)
+        finally:
+            for task in measuring:  # one failed or the step was cancelled: stop the others
+                task.cancel()
+            await asyncio.gather(*measuring, return_exceptions=True)
 
     def _ahead_of(self, points: Sequence[Point], phase: str, step: int, fraction: float) -> list[tuple[str, Point]]:
         """(key, point) for each point the one-by-one loop would measure, in its order: not known, not in

@@ -17,6 +17,7 @@ import asyncio
 import math
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ from core.executor import Executor
 from core.metrics import Summary, summarize
 from core.profile import Calibration, Profile, ProfileError, TunerSpec
 from core.records import RequestRecord
+from core.sim.reach import RunReach
 from core.tune.knobspace import Point
 from core.tune.score import Variant
 from core.workload import build_load_plan
@@ -48,6 +50,8 @@ class Measurement:
     wall_s: float
     error: str | None = None
     notes: dict[str, Any] | None = None
+    # Simulator only: the other knob values this same measurement stands for (core/sim/reach.py).
+    reach: RunReach | None = None
 
 
 class SegmentRunner(Protocol):
@@ -92,15 +96,56 @@ class SimSegmentRunner:
         self.description = {"backend": "sim", "engine": "simulator", "calibration": calibration.name}
         self.executor = executor
         self.parallel = executor is not None and executor.parallel
+        # The runs measured so far with what each stands for (core/sim/reach.py), by everything else that makes a
+        # run: its seed, the measured fraction and the speculation knobs (the profile is this runner's own).
+        self._runs: dict[tuple[int, float, int, bool], list[tuple[Point, Measurement]]] = {}
 
     async def measure(self, point: Point, *, seed: int, fraction: float = 1.0) -> Measurement:
+        same = self.same_run(point, seed=seed, fraction=fraction)
+        if same is not None:
+            return same
         args = (self.profile, self.calibration, self.spec, point, seed, fraction)
         if self.executor is None:
-            return await sim_segment_task(*args)
-        return await self.executor.run(f"segment {point.label()} x{fraction:.3g}", sim_segment_task, *args)
+            result = await sim_segment_task(*args)
+        else:
+            result = await self.executor.run(f"segment {point.label()} x{fraction:.3g}", sim_segment_task, *args)
+        if result.reach is not None and result.summary is not None and result.error is None:
+            self._runs.setdefault(_run_family(point, seed, fraction), []).append((point, result))
+        return result
+
+    def same_run(self, point: Point, *, seed: int, fraction: float = 1.0) -> Measurement | None:
+        """A measurement already made whose run is, draw for draw, the one `point` would make (core/sim/reach.py):
+        the same summary, at no cost; None if there is none."""
+        concurrency = None if point.unlimited else point.concurrency
+        for measured, result in self._runs.get(_run_family(point, seed, fraction), ()):
+            assert result.reach is not None
+            if result.reach.covers(concurrency, point.max_num_seqs):
+                notes = {"same_run_as": measured.label()}
+                return Measurement(summary=result.summary, wall_s=0.0, notes=notes, reach=result.reach)
+        return None
+
+    def sweep_rounds(self, points: list[Point], *, seed: int, fraction: float = 1.0) -> Iterator[list[Point]]:
+        """The order to measure a sweep's `points` in, as rounds each measured side by side once the one before
+        has finished: first, for each speculation setting and concurrency, the largest max_num_seqs (a run can
+        stand for the larger values only, and the largest most often stands for the rest: every value at or
+        above a client cap, core/sim/reach.py); then whatever those runs do not stand for. Points left out
+        are answered by `measure` from the runs that stand for them. On quickstart's 405 configurations this
+        measures 225 (tests/test_sim_reach.py)."""
+        tops: dict[tuple[int, bool, int], Point] = {}
+        for point in points:
+            chain = (point.spec_width, point.spec_on, point.concurrency)
+            if chain not in tops or point.max_num_seqs > tops[chain].max_num_seqs:
+                tops[chain] = point
+        first = set(tops.values())
+        yield [point for point in points if point in first]
+        yield [p for p in points if p not in first and self.same_run(p, seed=seed, fraction=fraction) is None]
 
     async def close(self) -> None:
         return None
+
+
+def _run_family(point: Point, seed: int, fraction: float) -> tuple[int, float, int, bool]:
+    return (seed, fraction, point.spec_width, point.spec_on)
 
 
 async def sim_segment_task(
@@ -118,13 +163,21 @@ async def sim_segment_task(
     # duration minimum, run again time-bound (longer), and so on until both minimums hold.
     requests, duration_s = min_requests + warmup, None
     summary: Summary | None = None
-    for _ in range(SIM_MAX_RUNS):
+    reach: RunReach | None = None
+    for run in range(SIM_MAX_RUNS):
         plan = _plan_for(profile, point, seed=seed, requests=requests, duration_s=duration_s)
         # No engine samples: a segment is judged on its records alone, and a sample every 0.5 virtual seconds
         # also ends each of the simulator's decode runs there (same timelines either way: its fast path is exact).
-        outcome = await SimBackend(calibration, knobs, seed=seed, sample_interval_s=math.inf).run(plan)
+        backend = SimBackend(calibration, knobs, seed=seed, sample_interval_s=math.inf)
+        outcome = await backend.run(plan)
         if outcome.interrupted:
             raise TuneInterrupted
+        # Every run of the segment must be the same under the other knobs, so the segment stands for what all do.
+        ran = backend.last_engine.reach() if backend.last_engine is not None else None
+        if run == 0:
+            reach = ran
+        elif reach is not None:
+            reach = None if ran is None else reach.joined(ran)
         summary = _summarize(profile, outcome)
         span = summary.window_s if math.isfinite(summary.window_s) else 0.0
         if summary.requests >= min_requests and span >= min_duration_s:
@@ -133,7 +186,7 @@ async def sim_segment_task(
         needed_s = min_requests / rate if rate > 0 else min_duration_s
         duration_s = max(min_duration_s, needed_s) * SIM_EXTEND_MARGIN
         requests = UNBOUNDED_REQUESTS
-    return Measurement(summary=summary, wall_s=time.perf_counter() - wall_start)
+    return Measurement(summary=summary, wall_s=time.perf_counter() - wall_start, reach=reach)
 
 
 class LiveSegmentRunner:
