@@ -209,7 +209,11 @@ async def find_capacity(
     def start(rate: float) -> asyncio.Task[Probe]:
         if rate not in ahead:
             label = f"{mode} at {rate:.4g} req/s"
-            ahead[rate] = asyncio.ensure_future(executor.run(label, probe_task, scaling, mode, rate, options))
+            # A bisection is a chain of probes; the job ends with the slowest chain, so a mode whose last probe
+            # took longest goes first when probes wait for a worker (its probes take about as long each).
+            urgency = result.probes[-1].wall_s if result.probes else 0.0
+            task = executor.run(label, probe_task, scaling, mode, rate, options, urgency=urgency)
+            ahead[rate] = asyncio.ensure_future(task)
         return ahead[rate]
 
     async def probe(rate: float) -> bool:

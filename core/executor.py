@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import importlib.util
 import multiprocessing
 import os
@@ -80,16 +81,22 @@ class Executor:
         self.started = 0
         self.done = 0
 
-    async def run(self, label: str, fn: Task, *args: Any, demand: Mapping[str, Any] | None = None) -> Any:
+    async def run(
+        self, label: str, fn: Task, *args: Any, demand: Mapping[str, Any] | None = None, urgency: float = 0.0
+    ) -> Any:
         """`await fn(*args)` where this executor runs tasks; `label` names it in the progress events.
         `demand`: what the task holds while it runs, as Ray task options (`{"num_gpus": 1}`, a custom
-        resource): Ray places and queues it by that; a local executor has one machine and ignores it."""
+        resource): Ray places and queues it by that; a local executor has one machine and ignores it.
+        `urgency`: when tasks wait for a local worker, the most urgent starts first (then the first asked):
+        a caller whose tasks form a chain (a bisection) gives its slowest chain the lead, so that the chain
+        does not wait behind short tasks and end the job alone."""
         self.started += 1
         if not self.parallel:
             result = await fn(*args)
             self.done += 1
             return result
-        result, wall_s, cpu_s = await self._run(fn, args, demand)
+        async with self._slot(urgency):
+            result, wall_s, cpu_s = await self._run(fn, args, demand)
         self.done += 1
         self.sink(
             make_event(
@@ -108,6 +115,10 @@ class Executor:
     def slots(self) -> int:
         """How many tasks run at once (a caller with work to spare may start more than it needs)."""
         return 1
+
+    def _slot(self, urgency: float) -> contextlib.AbstractAsyncContextManager[None]:
+        """Held while a task runs; a parallel executor that queues its own tasks waits here for a free one."""
+        return contextlib.nullcontext()
 
     async def _run(self, fn: Task, args: tuple[Any, ...], demand: Mapping[str, Any] | None) -> tuple[Any, float, float]:
         """A parallel executor's `_run_task(fn, args)` where it runs tasks."""
@@ -194,6 +205,43 @@ def _start_helper_processes(context: multiprocessing.context.BaseContext) -> Non
             forkserver.ensure_running()
 
 
+class UrgencyGate:
+    """At most `slots` holders at once; when all are taken, the most urgent waiter goes next, then the one that
+    asked first."""
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._waiting: list[tuple[float, int, asyncio.Future[None]]] = []  # a heap: (-urgency, arrival, future)
+        self._arrivals = 0
+
+    @contextlib.asynccontextmanager
+    async def slot(self, urgency: float) -> AsyncIterator[None]:
+        if self._free > 0 and not self._waiting:
+            self._free -= 1
+        else:
+            handed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            heapq.heappush(self._waiting, (-urgency, self._arrivals, handed))
+            self._arrivals += 1
+            try:
+                await handed  # resolved by the holder that hands its slot on (`_release`)
+            except asyncio.CancelledError:
+                if handed.done() and not handed.cancelled():
+                    self._release()  # the slot came, then the cancellation: pass it on
+                raise  # (a waiter cancelled in the queue stays there, skipped by `_release`)
+        try:
+            yield
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        while self._waiting:
+            _, _, handed = heapq.heappop(self._waiting)
+            if not handed.done():
+                handed.set_result(None)
+                return
+        self._free += 1
+
+
 class ProcessExecutor(Executor):
     """A local pool of `workers` processes (`--workers N`, N > 1), started when the first task arrives."""
 
@@ -205,9 +253,15 @@ class ProcessExecutor(Executor):
         self.workers = workers
         self.pool: ProcessPoolExecutor | None = None
         self.abandoned = 0  # tasks cancelled while they ran
+        # A task is handed to the pool only when a worker is free, so the order tasks start in is this gate's
+        # (urgency first), not the pool's first-in first-out queue.
+        self._gate = UrgencyGate(workers)
 
     def slots(self) -> int:
         return self.workers
+
+    def _slot(self, urgency: float) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._gate.slot(urgency)
 
     async def _run(self, fn: Task, args: tuple[Any, ...], demand: Mapping[str, Any] | None) -> Any:
         if self.pool is None:

@@ -274,3 +274,55 @@ def test_capacity_looking_ahead_asks_the_same_probes_and_finds_the_same_capacity
     assert serial.capacity_rps > 0 and len(serial.probes) >= 5  # a bisection of several steps to look ahead in
     assert started > len(ahead.probes)  # it did start probes nobody asked for yet
     assert without_wall(ahead.fields()) == without_wall(serial.fields())
+
+
+def test_tasks_waiting_for_a_worker_start_most_urgent_first_then_in_the_order_asked() -> None:
+    from core.executor import UrgencyGate
+
+    async def scenario() -> list[str]:
+        gate = UrgencyGate(1)
+        started: list[str] = []
+        release = asyncio.Event()
+
+        async def task(name: str, urgency: float) -> None:
+            async with gate.slot(urgency):
+                started.append(name)
+                if name == "first":
+                    await release.wait()
+
+        first = asyncio.ensure_future(task("first", 0.0))
+        await asyncio.sleep(0)
+        waiting = [
+            asyncio.ensure_future(task(name, urgency))
+            for name, urgency in [("slow-a", 0.1), ("chain", 0.9), ("gone", 5.0), ("slow-b", 0.1), ("mid", 0.5)]
+        ]
+        await asyncio.sleep(0)
+        waiting[2].cancel()  # cancelled while it waits: skipped, its place passes on
+        release.set()
+        await asyncio.gather(first, *waiting, return_exceptions=True)
+        return started
+
+    assert asyncio.run(scenario()) == ["first", "chain", "mid", "slow-a", "slow-b"]
+
+
+def test_a_task_cancelled_as_its_slot_arrives_hands_the_slot_on() -> None:
+    from core.executor import UrgencyGate
+
+    async def scenario() -> list[str]:
+        gate = UrgencyGate(1)
+        started: list[str] = []
+
+        async def task(name: str) -> None:
+            async with gate.slot(0.0):
+                started.append(name)
+
+        async with gate.slot(0.0):
+            doomed = asyncio.ensure_future(task("doomed"))
+            after = asyncio.ensure_future(task("after"))
+            await asyncio.sleep(0)
+        # The holder has handed its slot to `doomed`, which has not run yet: cancelled now, it must pass it on.
+        doomed.cancel()
+        await asyncio.wait_for(asyncio.gather(doomed, after, return_exceptions=True), timeout=10)
+        return started
+
+    assert asyncio.run(scenario()) == ["after"]
