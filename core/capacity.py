@@ -21,12 +21,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from core.events import EventSink, make_event, null_sink
 from core.executor import Executor
 from core.jobs import RunOptions, run_workload
 from core.profile import Profile, ProfileError, parse_scheduling_mode
+
+if TYPE_CHECKING:
+    from core.control.saber.speed_model import SpeedProfile
 
 TARGET_ATTAINMENT = 0.9  # paper 004 sec. 6: capacity = the load served with under 10% SLO violations
 MAX_BRACKET_STEPS = 10  # doublings / halvings before giving up on a bracket
@@ -156,12 +159,29 @@ def _probe_dict(p: Probe) -> dict[str, Any]:
     }
 
 
-async def probe_task(scaling: ArrivalScaling, mode: str, rate: float, options: RunOptions) -> Probe:
-    """One probe: `mode` serving the profile's arrivals at `rate` (an executor task, core/executor.py)."""
+async def saber_offline_task(profile: Profile, seed: int) -> SpeedProfile:
+    """SABER's offline phase for the probes (an executor task): it does not depend on the rate."""
+    from core.modes import ModeContext, saber_offline_phase
+    from core.profile import load_calibration
+
+    return saber_offline_phase(ModeContext(profile, load_calibration(profile), profile.replicas, seed))
+
+
+async def probe_task(
+    scaling: ArrivalScaling, mode: str, rate: float, options: RunOptions, speeds: SpeedProfile | None = None
+) -> Probe:
+    """One probe: `mode` serving the profile's arrivals at `rate` (an executor task, core/executor.py).
+    `speeds`: SABER's offline phase, run once for every probe (`saber_offline_task`)."""
     from core.backends.factory import make_backend
 
     start = time.perf_counter()
     scaled = scaling.at(rate).model_copy(update={"mode": mode})
+    if speeds is not None:
+        from core.modes import ModeContext, saber_offline_phase
+        from core.profile import load_calibration
+
+        assert options.seed is not None
+        saber_offline_phase(ModeContext(scaled, load_calibration(scaled), scaled.replicas, options.seed), speeds)
     backend = make_backend("sim", scaled, seed=options.seed, mode=mode)
     try:
         result = await run_workload(scaled, backend, null_sink, options)
@@ -205,6 +225,12 @@ async def find_capacity(
     )
 
     ahead: dict[float, asyncio.Task[Probe]] = {}  # rates started before the bisection asked for them
+    speeds: SpeedProfile | None = None
+    if mode == "saber" and executor.parallel:
+        # Each worker process would run SABER's offline phase for its first probe (a second on this machine's
+        # two workers); it does not depend on the rate, so it runs once and goes to every probe.
+        assert options.seed is not None
+        speeds = await executor.run("saber offline phase", saber_offline_task, profile, options.seed)
 
     def start(rate: float) -> asyncio.Task[Probe]:
         if rate not in ahead:
@@ -212,7 +238,7 @@ async def find_capacity(
             # A bisection is a chain of probes; the job ends with the slowest chain, so a mode whose last probe
             # took longest goes first when probes wait for a worker (its probes take about as long each).
             urgency = result.probes[-1].wall_s if result.probes else 0.0
-            task = executor.run(label, probe_task, scaling, mode, rate, options, urgency=urgency)
+            task = executor.run(label, probe_task, scaling, mode, rate, options, speeds, urgency=urgency)
             ahead[rate] = asyncio.ensure_future(task)
         return ahead[rate]
 

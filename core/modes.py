@@ -14,10 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from core.controller_api import Policy
 from core.profile import SCHEDULING_MODES, Calibration, Profile, SchedulingMode, parse_scheduling_mode
 from core.sim.engine import simulate
+
+if TYPE_CHECKING:
+    from core.control.saber.speed_model import SpeedProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,13 +39,23 @@ def _fcfs(ctx: ModeContext) -> Policy:
     return Policy()
 
 
+def saber_offline_phase(ctx: ModeContext, adopt: SpeedProfile | None = None) -> SpeedProfile:
+    """SABER's offline phase for this context (paper 001 sec. IV-B): profile the engine, fit f(L); cached per
+    engine and mix in this process. `adopt`: the same phase run in another process (a job's workers), taken
+    instead of profiling again."""
+    from core.control.saber.speed_model import adopt_offline_phase, offline_phase
+
+    loads = ctx.profile.saber.profile_loads
+    if adopt is not None:
+        adopt_offline_phase(ctx.profile, ctx.calibration, adopt, loads=loads, seed=ctx.seed)
+    return offline_phase(ctx.profile, ctx.calibration, simulate, loads=loads, seed=ctx.seed)
+
+
 def _saber(ctx: ModeContext) -> Policy:
     from core.control.saber.policy import SaberPolicy
-    from core.control.saber.speed_model import offline_phase
 
     spec = ctx.profile.saber
-    # Offline phase (paper 001 sec. IV-B): profile the engine, fit f(L); cached per engine and mix.
-    speeds = offline_phase(ctx.profile, ctx.calibration, simulate, loads=spec.profile_loads, seed=ctx.seed)
+    speeds = saber_offline_phase(ctx)
     return SaberPolicy(
         speeds.models[spec.speed_model],
         window_size=spec.window_size,

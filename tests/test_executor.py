@@ -92,7 +92,9 @@ def test_capacity_on_two_workers_gives_the_serial_table_and_probes() -> None:
 
     async def capacity(spec: ExecutorSpec) -> list[Any]:
         async with spec.open() as executor:
-            return await run_capacity(profile, modes=["fcfs", "adaserve"], requests=300, rel_tol=0.1, executor=executor)
+            return await run_capacity(
+                profile, modes=["fcfs", "saber", "adaserve"], requests=300, rel_tol=0.1, executor=executor
+            )
 
     serial = asyncio.run(capacity(SERIAL))
     pooled = asyncio.run(capacity(POOL))
@@ -326,3 +328,20 @@ def test_a_task_cancelled_as_its_slot_arrives_hands_the_slot_on() -> None:
         return started
 
     assert asyncio.run(scenario()) == ["after"]
+
+
+def test_an_adopted_saber_offline_phase_is_used_instead_of_profiling_again() -> None:
+    from core.control.saber.speed_model import SpeedProfile, adopt_offline_phase, offline_phase
+    from core.profile import load_calibration
+
+    profile = load_profile("quickstart")
+    calibration = load_calibration(profile)
+    adopted = SpeedProfile(samples=[])
+
+    def simulate(*_: Any) -> Any:
+        raise AssertionError("profiled again")
+
+    adopt_offline_phase(profile, calibration, adopted, loads=(1, 2, 97), seed=12345)
+    assert offline_phase(profile, calibration, simulate, loads=(1, 2, 97), seed=12345) is adopted
+    with pytest.raises(AssertionError, match="profiled again"):  # another seed is another phase
+        offline_phase(profile, calibration, simulate, loads=(1, 2, 97), seed=12346)

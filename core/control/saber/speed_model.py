@@ -295,6 +295,18 @@ class SpeedProfile:
 _CACHE: dict[tuple[str, ...], SpeedProfile] = {}
 
 
+def _offline_key(profile: Profile, calibration: Calibration, loads: Sequence[int], seed: int) -> tuple[str, ...]:
+    trace = TraceLengths.of(profile) if profile.workload.trace is not None else None
+    return (
+        calibration.model_dump_json(),
+        trace.digest() if trace is not None else profile.workload.model_dump_json(include={"tasks"}),
+        str(profile.knobs.max_num_batched_tokens),
+        str(profile.knobs.chunked_prefill),
+        repr(tuple(loads)),
+        str(seed),
+    )
+
+
 def offline_phase(
     profile: Profile,
     calibration: Calibration,
@@ -306,18 +318,20 @@ def offline_phase(
     """Profile and fit once per (calibration, task mix or trace lengths, batching knobs, loads, seed); later calls
     reuse it (`--job compare` builds a SABER policy per run, `--job capacity` one per probe of a rescaled trace;
     neither changes the engine or the lengths it profiles)."""
-    trace = TraceLengths.of(profile) if profile.workload.trace is not None else None
-    key = (
-        calibration.model_dump_json(),
-        trace.digest() if trace is not None else profile.workload.model_dump_json(include={"tasks"}),
-        str(profile.knobs.max_num_batched_tokens),
-        str(profile.knobs.chunked_prefill),
-        repr(tuple(loads)),
-        str(seed),
-    )
+    key = _offline_key(profile, calibration, loads, seed)
     cached = _CACHE.get(key)
     if cached is None:
+        trace = TraceLengths.of(profile) if profile.workload.trace is not None else None
         samples = profile_speeds(profile, calibration, simulate, loads=loads, seed=seed, trace=trace)
         cached = SpeedProfile(samples=samples, models=fit_all(samples))
         _CACHE[key] = cached
     return cached
+
+
+def adopt_offline_phase(
+    profile: Profile, calibration: Calibration, speeds: SpeedProfile, *, loads: Sequence[int], seed: int
+) -> None:
+    """Take an offline phase that another process ran for the same engine, lengths, loads and seed (a job's
+    probes on a pool of workers, each its own process): `offline_phase` then returns it instead of profiling
+    again, as it would in the process that ran it."""
+    _CACHE[_offline_key(profile, calibration, loads, seed)] = speeds
