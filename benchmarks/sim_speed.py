@@ -2,6 +2,7 @@
 
     python benchmarks/sim_speed.py [--requests 10000 100000]
     python benchmarks/sim_speed.py --whole-process [--requests 100000] [--modes fcfs slos-serve adaserve]
+        [--jobs tune capacity]
 
 The workload is the shape of the conversation trace Vidur ships (Poisson arrivals, lognormal lengths with
 means of 1,150 prompt and 211 output tokens) on Llama-2-7B / A100-80GB, at a rate that keeps about 25
@@ -11,9 +12,11 @@ simulators' inner loops only.
 
 --whole-process times the CLI as a user types it, `slo-console --batch --profile bench-chat --mode M
 --requests N` (interpreter start, imports, the JSON event stream to /dev/null, the summary): one warm-up run,
-then --repeat runs per mode; it prints the median wall time, the median CPU time (user + system) and the
-largest peak RSS of the process. When Vidur is installed beside it (`import vidur` works) it times
-`python -m vidur.main` on the same workload shape too and prints slo-console's speed-up over it.
+then --repeat runs per mode; it prints the median wall time, the median CPU time (user + system, its worker
+processes' included) and the largest peak RSS (of the process or any one worker). `--jobs` times quickstart's
+`--job tune` and `--job capacity` the same way (issue 22's other two targets; the tune's journal goes to a
+temporary --out). When Vidur is installed beside it (`import vidur` works) it times `python -m vidur.main` on
+the same workload shape too and prints slo-console's speed-up over it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from core.backends.sim import SimBackend
@@ -103,9 +107,15 @@ def measure_process(command: list[str], repeat: int) -> dict[str, float]:
     }
 
 
-def whole_process(requests: list[int], modes: list[str], repeat: int) -> None:
+def whole_process(requests: list[int], modes: list[str], repeat: int, jobs: list[str]) -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'mode':>10} {'requests':>9} {'wall s':>7} {'(min-max)':>13} {'cpu s':>7} {'peak MiB':>9}")
+    for job in jobs:
+        with tempfile.TemporaryDirectory() as out:
+            command = [sys.executable, "-m", "console", "--batch", "--profile", "quickstart", "--job", job]
+            m = measure_process([*command, "--out", out], repeat)
+        spread = f"({m['wall_min_s']:.2f}-{m['wall_max_s']:.2f})"
+        print(f"{job:>10} {'quickstart':>9} {m['wall_s']:>7.2f} {spread:>13} {m['cpu_s']:>7.2f} {m['peak_mib']:>9.0f}")
     vidur = importlib.util.find_spec("vidur") is not None
     for n in requests:
         fcfs_wall = None
@@ -133,9 +143,10 @@ def main() -> None:
     parser.add_argument("--whole-process", action="store_true", help="time the CLI as whole processes")
     parser.add_argument("--modes", nargs="+", default=["fcfs", "slos-serve", "adaserve"])
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per mode after one warm-up")
+    parser.add_argument("--jobs", nargs="*", default=[], choices=["tune", "capacity"], help="quickstart jobs to time")
     args = parser.parse_args()
     if args.whole_process:
-        whole_process(args.requests or [100_000], args.modes, args.repeat)
+        whole_process(args.requests or [100_000], args.modes, args.repeat, args.jobs)
         return
     args.requests = args.requests or [10_000, 100_000]
     print(
