@@ -113,6 +113,12 @@ class AdmissionPlanner:
             knee_efficiency=s.knee_efficiency,
         )
 
+    def slots_free(self, running: int, new: int) -> int:
+        """Sequence slots the DP may fill: what `running` requests leave of max_num_seqs (no limit: all `new`).
+        With none free the DP admits nobody (`state.new < slots_free` never holds)."""
+        max_seqs = self.settings.max_seqs
+        return new if max_seqs is None else max_seqs - running
+
     def admit(self, now: float, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> Admission:
         if not new:
             return Admission()
@@ -136,8 +142,7 @@ class AdmissionPlanner:
             if r.decode_start_s + r.decode_tokens * r.tpot_s > deadlines[-1]:
                 alive_at_end[tier_of[r.tpot_s]] += 1
         kv_free = self.settings.kv_capacity_tokens - sum(r.kv_tokens for r in running)
-        max_seqs = self.settings.max_seqs
-        slots_free = len(new) if max_seqs is None else max_seqs - len(running)
+        slots_free = self.slots_free(len(running), len(new))
 
         states: dict[tuple[int, ...], _State] = {(0,) * n_tiers: _State(0.0, 0, 0, 0)}
         previous_t = now

@@ -213,12 +213,16 @@ class SlosServePolicy(Policy):
             engine = self.step_planners.get(replica.index)
             if engine is not None:
                 engine.sync(replica)
-            by_id = {r.request_id: r for r in waiting}
-            plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
             self.invocations += 1
             # The tier reserves nothing only where our step planner gives it leftovers and preempts it for SLO
             # requests; in front of vLLM's own batching (live, or batch_formation off) it competes as an equal.
-            admission = replica.try_admit(now, plans, best_effort=tier == TIER_BEST_EFFORT or engine is None)
+            with_best_effort = tier == TIER_BEST_EFFORT or engine is None
+            if replica.full(now, best_effort=with_best_effort):
+                # Every slot is held: the DP would decline all of `waiting` (overloaded runs: most retries).
+                continue
+            by_id = {r.request_id: r for r in waiting}
+            plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
+            admission = replica.try_admit(now, plans, best_effort=with_best_effort)
             for rid in admission.admitted:
                 req = by_id.pop(rid)
                 req.tier = tier

@@ -132,16 +132,26 @@ class VirtualReplica:
             knee_efficiency=settings.knee_efficiency,
         )
 
-    def running(self, now: float, *, best_effort: bool = True) -> list[PlanRequest]:
-        """What the replica holds and still owes work to, as the DP sees it; `best_effort=False` leaves out
-        the best-effort tier (it reserves nothing: see `try_admit`)."""
+    def held(self, now: float, *, best_effort: bool = True) -> list[Tracked]:
+        """The requests the replica holds and still owes work to, advanced to `now`; `best_effort=False`
+        leaves out the best-effort tier (it reserves nothing: see `try_admit`)."""
         self.advance(now)
-        as_plan = Tracked.as_plan
         return [
-            as_plan(t)
+            t
             for t in self.requests.values()
             if (t.prefill_left > 0 or t.decode_left > 0) and (best_effort or not t.best_effort)
         ]
+
+    def running(self, now: float, *, best_effort: bool = True) -> list[PlanRequest]:
+        """What the replica holds and still owes work to, as the DP sees it (`held`'s requests as plans)."""
+        as_plan = Tracked.as_plan
+        return [as_plan(t) for t in self.held(now, best_effort=best_effort)]
+
+    def full(self, now: float, *, best_effort: bool = False) -> bool:
+        """True when `try_admit` at `now` admits nobody whatever it is offered: the requests it would plan
+        on top of hold every sequence slot (the DP's slot condition). Advances the replica as `try_admit` does
+        (advancing twice to the same `now` is advancing once), so asking first changes nothing."""
+        return self.planner.slots_free(len(self.held(now, best_effort=best_effort)), 1) <= 0
 
     def try_admit(self, now: float, new: Sequence[PlanRequest], *, best_effort: bool = False) -> Admission:
         """The admission DP for `new` on top of what this replica already holds.
