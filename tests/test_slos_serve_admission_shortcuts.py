@@ -4,15 +4,18 @@
 request is admitted only while `state.new < slots_free`) then admits nobody, so the policy skips building the
 plans and running the DP (policy._route). Overloaded runs (capacity's probes above the base rate) ask it at
 most arrivals and best-effort retries. The reference: the same run with `full` always False (every offer goes
-through the DP); a shortcut one slot off must differ from it (the test can fail).
+through the DP); a shortcut one slot off must differ from it (the test can fail). Also: `_running_demand`
+works out the row of a deadline equal to the one before once.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from core.capacity import at_rate
 from core.control.slos_serve import virtual
+from core.control.slos_serve.admission import PlanRequest, _running_demand
 from core.modes import ModeContext, make_policy
 from core.profile import load_calibration, load_profile
 from core.records import RequestRecord
@@ -82,3 +85,20 @@ def test_a_shortcut_one_slot_off_changes_the_records(monkeypatch: pytest.MonkeyP
         broken = _quickstart(25.5)
     with pytest.raises(AssertionError):
         assert_same_records(broken, reference)
+
+
+def test_running_demand_rows_of_equal_deadlines_are_worked_out_once() -> None:
+    """`_running_demand` reuses the row of a deadline equal to the one before: every row equals the row worked
+    out for its deadline alone (random decoders over two tiers, deadlines with runs of equal values)."""
+    rng = np.random.default_rng(11)
+    tier_of = {0.05: 0, 0.1: 1}
+    for _ in range(200):
+        decoders = [
+            PlanRequest(
+                i, 0.0, 0, int(rng.integers(0, 80)), float(rng.choice([0.05, 0.1])), 500, 400, float(rng.random())
+            )
+            for i in range(int(rng.integers(1, 12)))
+        ]
+        deadlines = sorted(float(x) for x in rng.choice(rng.random(4) * 3.0, size=int(rng.integers(1, 10))))
+        rows = _running_demand(0.5, decoders, tier_of, 2, deadlines)
+        assert rows == [_running_demand(0.5, decoders, tier_of, 2, [d])[0] for d in deadlines]
