@@ -55,6 +55,26 @@ def _queued(pair: tuple[Any, int]) -> bool:
     return bool(pair[0].admitted_order < 0)
 
 
+def _fill_in_order(
+    entries: list[tuple[Any, int]],
+    admitted: int,
+    tokens: int,
+    prefilling: list[tuple[Any, int]],
+    admitting: list[tuple[Any, int]],
+) -> int:
+    """form_batch's prefill fill for `plain_prefill_check`: up to `tokens` prompt tokens, in the entries' order, to
+    those (request, its place in the queue or -1) prefilling or among the `admitted` first queued; each chunk goes
+    to `prefilling` or `admitting` by which it is. Returns the tokens left."""
+    for item, i in entries:
+        if tokens <= 0:
+            break
+        if i < admitted:
+            chunk = min(item.prompt_left, tokens)
+            tokens -= chunk
+            (prefilling if i < 0 else admitting).append((item, chunk))
+    return tokens
+
+
 class SlosServeStepPlanner:
     """Forms every batch of one simulated replica (see the module docstring)."""
 
@@ -291,23 +311,11 @@ class SlosServeStepPlanner:
             # form_batch's fill in deadline order; `plan` lists the prefilling requests first (_queued).
             prefilling: list[tuple[Any, int]] = []
             admitting: list[tuple[Any, int]] = []
-            for task, item, i in tasks:
-                if tokens <= 0:
-                    break
-                if i < admitted:
-                    chunk = min(task.tokens_left, tokens)
-                    tokens -= chunk
-                    (prefilling if i < 0 else admitting).append((item, chunk))
-            if rest > 0 and leftovers:
+            _fill_in_order([(item, i) for _, item, i in tasks], admitted, tokens, prefilling, admitting)
+            if rest > 0 and leftovers:  # then the best-effort prefills, each list after its SLO part
                 prefilling_rest: list[tuple[Any, int]] = []
                 admitting_rest: list[tuple[Any, int]] = []
-                for item, i in leftovers:
-                    if rest <= 0:
-                        break
-                    if i < admitted:
-                        chunk = min(item.prompt_left, rest)
-                        rest -= chunk
-                        (prefilling_rest if i < 0 else admitting_rest).append((item, chunk))
+                rest = _fill_in_order(leftovers, admitted, rest, prefilling_rest, admitting_rest)
                 prefilling += prefilling_rest
                 admitting += admitting_rest
             if rest < best_effort_decodes:
