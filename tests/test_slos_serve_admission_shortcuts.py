@@ -1,9 +1,9 @@
 """SLOs-Serve's admission shortcuts give the records the admission DP itself gives, exactly.
 
-`VirtualReplica.full` answers for the DP when every sequence slot is held: the DP's slot condition (a new
+`VirtualReplica.room` answers (None) for the DP when every sequence slot is held: the DP's slot condition (a new
 request is admitted only while `state.new < slots_free`) then admits nobody, so the policy skips building the
 plans and running the DP (policy._route). Overloaded runs (capacity's probes above the base rate) ask it at
-most arrivals and best-effort retries. The reference: the same run with `full` always False (every offer goes
+most arrivals and best-effort retries. The reference: the same run with `room` never None (every offer goes
 through the DP); a shortcut one slot off must differ from it (the test can fail). Also: `_running_demand`
 works out the row of a deadline equal to the one before once.
 """
@@ -36,27 +36,25 @@ def _quickstart(rate_rps: float) -> list[RequestRecord]:
 
 
 def _counting_full(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    answers: list[bool] = []
-    original = virtual.VirtualReplica.full
+    answers: list[bool] = []  # whether `room` said full
+    original = virtual.VirtualReplica.room
 
-    def counting(self: virtual.VirtualReplica, now: float, *, best_effort: bool = False) -> bool:
-        answer = original(self, now, best_effort=best_effort)
-        answers.append(answer)
-        return answer
+    def counting(self: virtual.VirtualReplica, now: float, *, best_effort: bool = False) -> list | None:
+        held = original(self, now, best_effort=best_effort)
+        answers.append(held is None)
+        return held
 
-    monkeypatch.setattr(virtual.VirtualReplica, "full", counting)
+    monkeypatch.setattr(virtual.VirtualReplica, "room", counting)
     return answers
 
 
 def _never_full(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The reference: `full` advances the replica as before but never answers for the DP."""
-    original = virtual.VirtualReplica.full
+    """The reference: `room` advances the replica as before but never answers for the DP."""
 
-    def never(self: virtual.VirtualReplica, now: float, *, best_effort: bool = False) -> bool:
-        original(self, now, best_effort=best_effort)
-        return False
+    def never(self: virtual.VirtualReplica, now: float, *, best_effort: bool = False) -> list | None:
+        return self.held(now, best_effort=best_effort)
 
-    monkeypatch.setattr(virtual.VirtualReplica, "full", never)
+    monkeypatch.setattr(virtual.VirtualReplica, "room", never)
 
 
 @pytest.mark.parametrize("rate_rps", [17.0, 25.5, 34.0])
@@ -77,11 +75,12 @@ def test_a_shortcut_one_slot_off_changes_the_records(monkeypatch: pytest.MonkeyP
         _never_full(patch)
         reference = _quickstart(25.5)
 
-    def early(self: virtual.VirtualReplica, now: float, *, best_effort: bool = False) -> bool:
-        return self.planner.slots_free(len(self.held(now, best_effort=best_effort)), 1) <= 1
+    def early(self: virtual.VirtualReplica, now: float, *, best_effort: bool = False) -> list | None:
+        held = self.held(now, best_effort=best_effort)
+        return None if self.planner.slots_free(len(held), 1) <= 1 else held
 
     with monkeypatch.context() as patch:
-        patch.setattr(virtual.VirtualReplica, "full", early)
+        patch.setattr(virtual.VirtualReplica, "room", early)
         broken = _quickstart(25.5)
     with pytest.raises(AssertionError):
         assert_same_records(broken, reference)

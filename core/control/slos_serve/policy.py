@@ -222,13 +222,14 @@ class SlosServePolicy(Policy):
             # The tier reserves nothing only where our step planner gives it leftovers and preempts it for SLO
             # requests; in front of vLLM's own batching (live, or batch_formation off) it competes as an equal.
             with_best_effort = tier == TIER_BEST_EFFORT or engine is None
-            if replica.full(now, best_effort=with_best_effort):
+            held = replica.room(now, best_effort=with_best_effort)
+            if held is None:
                 # Every slot is held: the DP would decline all of `waiting` (overloaded runs: most retries).
                 continue
             by_id = {r.request_id: r for r in waiting}
             deadline_of = {r.request_id: deadline(r) for r in waiting}
             plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
-            admission = replica.try_admit(now, plans, best_effort=with_best_effort)
+            admission = replica.try_admit(now, plans, best_effort=with_best_effort, held=held)
             for rid in admission.admitted:
                 req = by_id.pop(rid)
                 req.tier = tier

@@ -311,7 +311,7 @@ class SlosServeStepPlanner:
             # form_batch's fill in deadline order; `plan` lists the prefilling requests first (_queued).
             prefilling: list[tuple[Any, int]] = []
             admitting: list[tuple[Any, int]] = []
-            _fill_in_order([(item, i) for _, item, i in tasks], admitted, tokens, prefilling, admitting)
+            _fill_in_order(entries, admitted, tokens, prefilling, admitting)  # (request, place), the tasks' order
             if rest > 0 and leftovers:  # then the best-effort prefills, each list after its SLO part
                 prefilling_rest: list[tuple[Any, int]] = []
                 admitting_rest: list[tuple[Any, int]] = []
