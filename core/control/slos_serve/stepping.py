@@ -271,14 +271,18 @@ class SlosServeStepPlanner:
         capacity = replica.kv_capacity
         # Every SLO prefill task `plan` may see, in form_batch's order (a stable sort by deadline of the
         # prefilling requests, then the admitted queue): (task, the request, its place in the queue or -1).
-        entries = [(item, -1) for item in replica.prefilling if not best_effort(item)]
+        if prefilling_best_effort:
+            entries = [(item, -1) for item in replica.prefilling if not best_effort(item)]
+        else:
+            entries = [(item, -1) for item in replica.prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
         entries.sort(key=lambda entry: deadlines(entry[0])[0])
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
         # The best-effort prefills in form_batch's order: the prefilling ones, then the queued ones (after every
         # queued SLO one in `queued`), each with its place in the queue or -1.
         leftovers = [(item, -1) for item in prefilling_best_effort]
-        leftovers += [(item, i) for i, item in enumerate(queued) if queued_best_effort[i]]
+        if True in queued_best_effort:
+            leftovers += [(item, i) for i, item in enumerate(queued) if queued_best_effort[i]]
         tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued))
         slo_decodes = len(replica.decoding) - best_effort_decodes
         model = self._stretch_budget(tiers, replica.running)
