@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.capacity import at_rate
 from core.control.slos_serve.batching import (
     URGENCY,
     DecodeTask,
@@ -23,10 +24,13 @@ from core.control.slos_serve.batching import (
     urgent_prefill_tokens,
 )
 from core.control.slos_serve.budget import BudgetModel
+from core.control.slos_serve.stepping import SlosServeStepPlanner
+from core.controller_api import TIER_BEST_EFFORT
 from core.modes import ModeContext, make_policy
 from core.profile import load_calibration, load_profile
 from core.sim import stepwise
 from core.sim.engine import SimEngine
+from core.step_planner_api import BatchPlan
 from core.step_time import StepTimeModel
 from core.workload import build_load_plan
 from tests.test_sim_fast_path import assert_same_records
@@ -119,3 +123,66 @@ def test_bench_chat_runs_its_prefill_chunks_in_stretches(monkeypatch: pytest.Mon
     assert reference["prefill"] == 0
     assert fast["prefill"] > 0.15 * fast["steps"]
     assert fast["queued"] > 0.2 * fast["prefill"]
+
+
+def _overloaded_quickstart(
+    rate_rps: float, reference: bool, counts: dict[str, int], monkeypatch: pytest.MonkeyPatch
+) -> list:
+    """Quickstart above its capacity (the capacity job's probes): many requests go to the best-effort tier and are
+    served beside the SLO ones; `counts` gets the prefill-stretch steps run with a best-effort request decoding
+    or prefilling in the replica ("best_effort")."""
+    original = stepwise.StepwiseReplica._prefill_segment
+
+    def counting(self: stepwise.StepwiseReplica, *args: float) -> tuple[int, bool]:
+        held = (*self.decoding, *self.prefilling)
+        with_best_effort = any(item.req.tier == TIER_BEST_EFFORT for item in held)
+        ran, more = original(self, *args)
+        counts["best_effort"] += ran if with_best_effort else 0
+        return ran, more
+
+    monkeypatch.setattr(stepwise.StepwiseReplica, "_prefill_segment", counting)
+    profile = at_rate(load_profile("quickstart"), rate_rps)
+    calibration = load_calibration(profile)
+    context = ModeContext(profile=profile, calibration=calibration, seed=profile.seed)
+    plan = build_load_plan(profile, seed=profile.seed, requests=500)
+    policy = make_policy("slos-serve", context)
+    engine = SimEngine(calibration, profile.knobs, plan, seed=profile.seed, policy=policy, reference=reference)
+    return engine.run()
+
+
+@pytest.mark.parametrize("rate_rps", [21.25, 34.0])
+def test_prefill_stretches_beside_the_best_effort_tier(rate_rps: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With best-effort requests decoding (they take a token each from what the SLO requests leave) or prefilling
+    (they take the leftovers first), the stretches still run, and give the step-by-step reference's records."""
+    fast = {"best_effort": 0}
+    records = _overloaded_quickstart(rate_rps, False, fast, monkeypatch)
+    reference = {"best_effort": 0}
+    assert_same_records(records, _overloaded_quickstart(rate_rps, True, reference, monkeypatch))
+    assert reference["best_effort"] == 0
+    assert fast["best_effort"] > 100
+
+
+def test_the_promised_chunks_are_plans_beside_the_best_effort_tier(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At every step of the step-by-step reference on overloaded quickstart, wherever `plain_prefill_check`
+    answers, `plan` gives that batch: the same (request, chunk) list in the same order (the replica admits in
+    it), a token to every decoding request and nobody preempted; among them steps with the best-effort tier."""
+    original = SlosServeStepPlanner.plan
+    counts = {"answered": 0, "best_effort": 0}
+
+    def checked(self: SlosServeStepPlanner, replica: stepwise.StepwiseReplica, now: float) -> BatchPlan:
+        check = self.plain_prefill_check(replica)
+        promised = None if check is None else check(replica.kv_used, now)
+        batch = original(self, replica, now)
+        if promised is not None:
+            assert [(id(item), chunk) for item, chunk in batch.prefill] == [(id(i), c) for i, c in promised]
+            assert sorted(id(item) for item, _ in batch.decode) == sorted(map(id, replica.decoding))
+            assert all(verified == 1 for _, verified in batch.decode) and not batch.preempt
+            counts["answered"] += 1
+            held = (*replica.decoding, *replica.prefilling, *(item for item, _ in promised))
+            counts["best_effort"] += any(item.req.tier == TIER_BEST_EFFORT for item in held)
+        return batch
+
+    monkeypatch.setattr(SlosServeStepPlanner, "plan", checked)
+    for rate_rps in (21.25, 34.0):
+        _overloaded_quickstart(rate_rps, True, {"best_effort": 0}, monkeypatch)
+    assert counts["best_effort"] > 200

@@ -27,6 +27,7 @@ Model (the paper's, in "fluid" token rates):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -113,6 +114,12 @@ class AdmissionPlanner:
             knee_efficiency=s.knee_efficiency,
         )
 
+    def slots_free(self, running: int, new: int) -> int:
+        """Sequence slots the DP may fill: what `running` requests leave of max_num_seqs (no limit: all `new`).
+        With none free the DP admits nobody (`state.new < slots_free` never holds)."""
+        max_seqs = self.settings.max_seqs
+        return new if max_seqs is None else max_seqs - running
+
     def admit(self, now: float, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> Admission:
         if not new:
             return Admission()
@@ -136,8 +143,7 @@ class AdmissionPlanner:
             if r.decode_start_s + r.decode_tokens * r.tpot_s > deadlines[-1]:
                 alive_at_end[tier_of[r.tpot_s]] += 1
         kv_free = self.settings.kv_capacity_tokens - sum(r.kv_tokens for r in running)
-        max_seqs = self.settings.max_seqs
-        slots_free = len(new) if max_seqs is None else max_seqs - len(running)
+        slots_free = self.slots_free(len(running), len(new))
 
         states: dict[tuple[int, ...], _State] = {(0,) * n_tiers: _State(0.0, 0, 0, 0)}
         previous_t = now
@@ -187,18 +193,24 @@ def _running_demand(
     their order (numpy's arrays cost more than their arithmetic at a few dozen requests and deadlines)."""
     paces = [(r.decode_start_s, r.tpot_s, float(r.decode_tokens), tier_of[r.tpot_s]) for r in decoders]
     out = []
-    # Deadline by deadline: each row's sums still run request by request in their order.
+    row: list[float] = []
+    last = math.nan  # the deadline `row` is for (a NaN equals nothing: the first row is always worked out)
+    # Deadline by deadline: each row's sums still run request by request in their order. A deadline equal to
+    # the one before has the same row (the same operands in the same order; -0.0 and 0.0 are no deadlines
+    # here): a best-effort retry's fresh windows are mostly `now` + the same TTFT SLO. The rows are only read.
     for deadline in deadlines:
-        row = [0.0] * n_tiers
-        for start, pace, left, tier in paces:
-            # min(max(owed, 0.0), left) without the two calls: the same value (max keeps `owed` unless 0.0 is
-            # larger, min keeps it unless `left` is smaller; NaN and -0.0 come through both alike)
-            owed = (deadline - start) / pace
-            if owed < 0.0:
-                owed = 0.0
-            if left < owed:
-                owed = left
-            row[tier] += owed
+        if deadline != last:
+            last = deadline
+            row = [0.0] * n_tiers
+            for start, pace, left, tier in paces:
+                # min(max(owed, 0.0), left) without the two calls: the same value (max keeps `owed` unless 0.0
+                # is larger, min keeps it unless `left` is smaller; NaN and -0.0 come through both alike)
+                owed = (deadline - start) / pace
+                if owed < 0.0:
+                    owed = 0.0
+                if left < owed:
+                    owed = left
+                row[tier] += owed
         out.append(row)
     return out
 

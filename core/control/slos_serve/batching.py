@@ -132,7 +132,8 @@ def urgent_prefill_tokens(now: float, slo_prefills: Sequence[PrefillTask], batch
 
 def prefill_beside_every_decode(token_budget: int, decodes: int, urgent: int, prefill_left: int) -> int | None:
     """What `form_batch` gives the SLO prefills, when it gives each of `decodes` SLO decodes one token (no
-    speculation, no best-effort request, every decode with tokens left): None where that is not sure.
+    speculation, every decode with tokens left): None where that is not sure. Best-effort requests do not
+    change it (form_batch serves them after the SLO prefill, from what is left).
 
     The due decodes take one token each (all of them, when `decodes` fit the budget), the urgent prefill
     min(left, urgent, prefill_left), then the later decodes a token each while any is left, then the prefill

@@ -79,6 +79,8 @@ class BudgetModel:
         self._idle: tuple[float, float] | None = None  # the largest batch allowed (no decodes), when first asked
         self._limits: dict[int, float] = {}  # populated mask -> the tightest TPOT among its tiers (no speculation)
         self._no_negative_costs: bool | None = None  # every term's per-token cost >= 0 (holds_decodes), when asked
+        # every coefficient but the base >= 0 (holds_decodes_between), when asked: the model's terms are fixed
+        self._monotone: bool | None = None
         self._reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
         self.spec_len = self._choose_speculation(self._reference)
 
@@ -264,7 +266,9 @@ class BudgetModel:
         if self.max_spec_len or not populated or low > high:
             return False
         model = self.model
-        if not all(k >= 0.0 for term in model.terms for k in term[1:]):
+        if self._monotone is None:
+            self._monotone = all(k >= 0.0 for term in model.terms for k in term[1:])
+        if not self._monotone:
             return False
         seqs, cap = self.sequences, float(self.max_batch_tokens)
         limit = self._limit(populated)

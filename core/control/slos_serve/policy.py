@@ -25,7 +25,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.control.slos_serve.admission import AdmissionPlanner, PlannerSettings, PlanRequest
@@ -122,7 +122,7 @@ class SlosServePolicy(Policy):
             self._pending_due = min(self._pending_due, req.arrival_s + self._wait_limit(req))
             return Verdict.hold(TIER_HIGH)
         # Decide this arrival on its own, now.
-        releases, declined = self._route(now, [req], {req.request_id: req.state["prefill_deadline_s"]}, TIER_HIGH)
+        releases, declined = self._route(now, [req], _prefill_deadline, TIER_HIGH)
         if releases:
             self.admitted += 1
             return Verdict.release(releases[0].replica)
@@ -199,10 +199,15 @@ class SlosServePolicy(Policy):
         return now >= self._pending_due - 1e-12
 
     def _route(
-        self, now: float, waiting: list[ControlledRequest], deadline_of: dict[int, float], tier: str
+        self,
+        now: float,
+        waiting: list[ControlledRequest],
+        deadline: Callable[[ControlledRequest], float],
+        tier: str,
     ) -> tuple[list[Release], list[ControlledRequest]]:
         """Sequential routing (sec. 4.2): offer `waiting` to replicas in turn from the round-robin pointer;
-        each admits what its DP can attain; returns the releases and what no replica took."""
+        each admits what its DP can attain; returns the releases and what no replica took. `deadline` gives a
+        request's prefill deadline, asked only where a DP runs (a full replica declines without one)."""
         releases: list[Release] = []
         start = self._next_replica
         self._next_replica = (start + 1) % len(self.virtual)
@@ -213,12 +218,18 @@ class SlosServePolicy(Policy):
             engine = self.step_planners.get(replica.index)
             if engine is not None:
                 engine.sync(replica)
-            by_id = {r.request_id: r for r in waiting}
-            plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
             self.invocations += 1
             # The tier reserves nothing only where our step planner gives it leftovers and preempts it for SLO
             # requests; in front of vLLM's own batching (live, or batch_formation off) it competes as an equal.
-            admission = replica.try_admit(now, plans, best_effort=tier == TIER_BEST_EFFORT or engine is None)
+            with_best_effort = tier == TIER_BEST_EFFORT or engine is None
+            held = replica.room(now, best_effort=with_best_effort)
+            if held is None:
+                # Every slot is held: the DP would decline all of `waiting` (overloaded runs: most retries).
+                continue
+            by_id = {r.request_id: r for r in waiting}
+            deadline_of = {r.request_id: deadline(r) for r in waiting}
+            plans = [self.plan_request(r, deadline_of[r.request_id]) for r in waiting]
+            admission = replica.try_admit(now, plans, best_effort=with_best_effort, held=held)
             for rid in admission.admitted:
                 req = by_id.pop(rid)
                 req.tier = tier
@@ -230,8 +241,7 @@ class SlosServePolicy(Policy):
         return releases, waiting
 
     def _schedule(self, now: float, arrivals: list[ControlledRequest]) -> list[Release]:
-        deadlines = {r.request_id: r.state["prefill_deadline_s"] for r in arrivals}
-        releases, declined = self._route(now, arrivals, deadlines, TIER_HIGH)
+        releases, declined = self._route(now, arrivals, _prefill_deadline, TIER_HIGH)
         self.admitted += len(releases)
         self._offload(declined, now)
         return releases
@@ -249,17 +259,17 @@ class SlosServePolicy(Policy):
         their SLOs, oldest first; at most one scheduler batch per retry."""
         self._last_retry_s = now
         waiting = self.best_effort.head(self.settings.schedule_batch)
-        # A fresh window: the TTFT SLO, or twice the prompt's prefill time on an idle replica where that is
-        # longer (a prompt the SLO is too tight for even alone would otherwise wait forever).
-        deadlines = {
-            r.request_id: now + max(self.ttft_s(r), 2.0 * r.spec.prompt_tokens / self._idle_prefill_tps)
-            for r in waiting
-        }
-        releases, declined = self._route(now, waiting, deadlines, TIER_BEST_EFFORT)
+
+        def fresh(r: ControlledRequest) -> float:
+            # A fresh window: the TTFT SLO, or twice the prompt's prefill time on an idle replica where that is
+            # longer (a prompt the SLO is too tight for even alone would otherwise wait forever).
+            return now + max(self.ttft_s(r), 2.0 * r.spec.prompt_tokens / self._idle_prefill_tps)
+
+        releases, declined = self._route(now, waiting, fresh, TIER_BEST_EFFORT)
         idle = [v for v in self.virtual if not v.requests]
         if declined and idle:  # an idle replica serves the oldest one whatever the plan says
             req = declined[0]
-            idle[0].add(self._tracked(req, deadlines[req.request_id], True), now)
+            idle[0].add(self._tracked(req, fresh(req), True), now)
             releases.append(Release(req, idle[0].index))
         for release in releases:
             self.best_effort.remove(release.request)
@@ -280,3 +290,9 @@ class SlosServePolicy(Policy):
             kv_tokens=spec.prompt_tokens + spec.output_tokens,
             best_effort=best_effort,
         )
+
+
+def _prefill_deadline(req: ControlledRequest) -> float:
+    """An arrival's prefill deadline, set by `on_arrival` (what its admission plans for)."""
+    deadline: float = req.state["prefill_deadline_s"]  # as stored (no conversion: the same object)
+    return deadline

@@ -55,6 +55,26 @@ def _queued(pair: tuple[Any, int]) -> bool:
     return bool(pair[0].admitted_order < 0)
 
 
+def _fill_in_order(
+    entries: list[tuple[Any, int]],
+    admitted: int,
+    tokens: int,
+    prefilling: list[tuple[Any, int]],
+    admitting: list[tuple[Any, int]],
+) -> int:
+    """form_batch's prefill fill for `plain_prefill_check`: up to `tokens` prompt tokens, in the entries' order, to
+    those (request, its place in the queue or -1) prefilling or among the `admitted` first queued; each chunk goes
+    to `prefilling` or `admitting` by which it is. Returns the tokens left."""
+    for item, i in entries:
+        if tokens <= 0:
+            break
+        if i < admitted:
+            chunk = min(item.prompt_left, tokens)
+            tokens -= chunk
+            (prefilling if i < 0 else admitting).append((item, chunk))
+    return tokens
+
+
 class SlosServeStepPlanner:
     """Forms every batch of one simulated replica (see the module docstring)."""
 
@@ -75,6 +95,8 @@ class SlosServeStepPlanner:
         # The stretch checks' last tiers (_decode_tiers) and their BudgetModels (_stretch_budget).
         self._last_tiers: tuple[tuple[tuple[Any, ...], tuple[Any, ...]], tuple[list[float], int]] | None = None
         self._stretch_budgets: dict[tuple[tuple[float, ...], int], BudgetModel] = {}
+        # (stretch model, decoding tiers' mask, decodes) -> the last KV range plain_decode_check tested, and its answer
+        self._decode_proofs: dict[tuple[BudgetModel, int, int], list[Any]] = {}
 
     def _deadlines(self, item: Any) -> tuple[float, float, bool, int]:
         """(prefill deadline, TPOT, best effort, request id) of a StepRequest. Fixed for as long as the request
@@ -193,10 +215,16 @@ class SlosServeStepPlanner:
         model = self._stretch_budget(tiers, sequences)
         # One test for the KV of the next DECODE_WINDOW steps (a step adds a token per decode; none starts past
         # the cache's capacity): where the budget holds the decodes at every KV between (holds_decodes_between),
-        # the steps there ask nothing more; where it is unsure, each step asks as before.
+        # the steps there ask nothing more; where it is unsure, each step asks as before. `fits` is a function
+        # of the KV alone whichever range was proven (a proof only says True where holds_decodes would), so the
+        # last range tested for this model, tiers and decodes is kept from stretch to stretch: a stretch is
+        # 1-2 steps between arrivals and wakeups on an overloaded replica, and mostly starts inside it.
         window = decodes * (DECODE_WINDOW - 1)
         top = replica.kv_capacity - decodes
-        tested = [math.inf, -math.inf, False]  # (low, high, proven) of the last range tested
+        key = (model, mask, decodes)
+        tested = self._decode_proofs.get(key)
+        if tested is None:
+            tested = self._decode_proofs[key] = [math.inf, -math.inf, False]  # (low, high, proven) last tested
 
         def fits(kv_used: float) -> bool:
             low, high, proven = tested
@@ -213,23 +241,27 @@ class SlosServeStepPlanner:
 
     def plain_prefill_check(self, replica: Any) -> Callable[[float, float], list[tuple[Any, int]] | None] | None:
         """The replica's hook for stretches with prefill chunks (PlainDecodePlanner, core/step_planner_api.py):
-        with requests prefilling or queued, every admitted request an SLO one and no speculation, `plan` gives
-        every decoding request one token and the SLO prefills, in deadline order, what
-        batching.prefill_beside_every_decode says, whenever it says it. Returns `prefill_chunks(kv_used,
-        now)`: that step's (request, prompt tokens) in `plan`'s order (the prefilling requests, then the queued
-        ones it admits), or None where the plan may be another batch.
+        with requests prefilling or queued and no speculation, `plan` gives every decoding request one token and
+        the prefills what batching.prefill_beside_every_decode says, whenever it says it and the best-effort
+        requests' share works out as below. Returns `prefill_chunks(kv_used, now)`: that step's (request, prompt
+        tokens) in `plan`'s order (the prefilling requests, then the queued ones it admits), or None where the
+        plan may be another batch.
 
         As `plan` builds it: the BudgetModel (the same tiers, the sequences held, the KV in use); the queued
-        requests it would admit (with no best-effort request admitted there is nobody to preempt, so
-        `_admissions` takes the queue, SLO requests first, while a slot and the KV left hold the next one) as
-        prefill tasks beside the prefilling ones, in deadline order; a best-effort one among them would take
-        what the SLO prefill leaves, so that must be nothing."""
+        requests it would admit (`_admissions` takes the queue, SLO requests first, while a slot and the KV left
+        hold the next one; where a queued SLO request does not fit and a best-effort request is in the replica,
+        `_admissions` may preempt it: None) as prefill tasks, the SLO ones beside the prefilling SLO ones in
+        deadline order. form_batch gives the best-effort tier (paper 004 sec. 4.1) only what the SLO decodes
+        and prefills leave: first its prefills (the prefilling ones, then the admitted ones, each in order),
+        then a token to each of its decodes while any is left; the step is one of every decode's token only
+        where that rest holds all of them."""
         self.replica = replica  # as `plan` keeps it (for `sync`): a stretch may admit before any plan is asked
         if self._speculates():
             return None
         best_effort = self._best_effort
-        if any(map(best_effort, replica.prefilling)) or any(map(best_effort, replica.decoding)):
-            return None  # best-effort leftovers and preemptions
+        best_effort_decodes = sum(map(best_effort, replica.decoding))
+        prefilling_best_effort = [item for item in replica.prefilling if best_effort(item)]
+        preemptable = bool(best_effort_decodes or prefilling_best_effort)  # `_admissions`' victims
         deadlines = self._deadlines
         queued = sorted(replica.waiting, key=best_effort)  # _admissions' order
         block = replica.block
@@ -239,20 +271,30 @@ class SlosServeStepPlanner:
         capacity = replica.kv_capacity
         # Every SLO prefill task `plan` may see, in form_batch's order (a stable sort by deadline of the
         # prefilling requests, then the admitted queue): (task, the request, its place in the queue or -1).
-        entries = [(item, -1) for item in replica.prefilling]
+        if prefilling_best_effort:
+            entries = [(item, -1) for item in replica.prefilling if not best_effort(item)]
+        else:
+            entries = [(item, -1) for item in replica.prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
         entries.sort(key=lambda entry: deadlines(entry[0])[0])
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
+        # The best-effort prefills in form_batch's order: the prefilling ones, then the queued ones (after every
+        # queued SLO one in `queued`), each with its place in the queue or -1.
+        leftovers = [(item, -1) for item in prefilling_best_effort]
+        if True in queued_best_effort:
+            leftovers += [(item, i) for i, item in enumerate(queued) if queued_best_effort[i]]
         tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued))
-        decodes = len(replica.decoding)
+        slo_decodes = len(replica.decoding) - best_effort_decodes
         model = self._stretch_budget(tiers, replica.running)
 
         def prefill_chunks(kv_used: float, now: float) -> list[tuple[Any, int]] | None:
             batch_tokens, batch_time_s = model.batch_at(kv_used, mask)  # plan(mask)'s, at this KV
-            admitted = 0  # _admissions with nobody to preempt: how much of the queue it takes
+            admitted = 0  # _admissions with nobody preempted: how much of the queue it takes
             room, kv_free = slots, capacity - kv_used
             for need in needs:
                 if room <= 0 or need > kv_free:
+                    if preemptable and not queued_best_effort[admitted]:
+                        return None  # an SLO request that does not fit may preempt a best-effort one
                     break
                 room -= 1
                 kv_free -= need
@@ -266,21 +308,22 @@ class SlosServeStepPlanner:
                     seen.append(task)
             urgent = urgent_prefill_tokens(now, seen, batch_time_s, URGENCY)
             budget = int(batch_tokens)
-            tokens = prefill_beside_every_decode(budget, decodes, urgent, left)
+            tokens = prefill_beside_every_decode(budget, slo_decodes, urgent, left)
             if tokens is None:
                 return None
-            if tokens < budget - decodes and any(queued_best_effort[:admitted]):
-                return None  # a queued best-effort request gets the rest (admitted)
+            rest = budget - slo_decodes - tokens  # what the SLO requests leave the best-effort tier
             # form_batch's fill in deadline order; `plan` lists the prefilling requests first (_queued).
             prefilling: list[tuple[Any, int]] = []
             admitting: list[tuple[Any, int]] = []
-            for task, item, i in tasks:
-                if tokens <= 0:
-                    break
-                if i < admitted:
-                    chunk = min(task.tokens_left, tokens)
-                    tokens -= chunk
-                    (prefilling if i < 0 else admitting).append((item, chunk))
+            _fill_in_order(entries, admitted, tokens, prefilling, admitting)  # (request, place), the tasks' order
+            if rest > 0 and leftovers:  # then the best-effort prefills, each list after its SLO part
+                prefilling_rest: list[tuple[Any, int]] = []
+                admitting_rest: list[tuple[Any, int]] = []
+                rest = _fill_in_order(leftovers, admitted, rest, prefilling_rest, admitting_rest)
+                prefilling += prefilling_rest
+                admitting += admitting_rest
+            if rest < best_effort_decodes:
+                return None  # some best-effort decodes get no token this step
             return prefilling + admitting
 
         return prefill_chunks

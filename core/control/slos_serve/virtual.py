@@ -132,18 +132,32 @@ class VirtualReplica:
             knee_efficiency=settings.knee_efficiency,
         )
 
-    def running(self, now: float, *, best_effort: bool = True) -> list[PlanRequest]:
-        """What the replica holds and still owes work to, as the DP sees it; `best_effort=False` leaves out
-        the best-effort tier (it reserves nothing: see `try_admit`)."""
+    def held(self, now: float, *, best_effort: bool = True) -> list[Tracked]:
+        """The requests the replica holds and still owes work to, advanced to `now`; `best_effort=False`
+        leaves out the best-effort tier (it reserves nothing: see `try_admit`)."""
         self.advance(now)
-        as_plan = Tracked.as_plan
         return [
-            as_plan(t)
+            t
             for t in self.requests.values()
             if (t.prefill_left > 0 or t.decode_left > 0) and (best_effort or not t.best_effort)
         ]
 
-    def try_admit(self, now: float, new: Sequence[PlanRequest], *, best_effort: bool = False) -> Admission:
+    def running(self, now: float, *, best_effort: bool = True) -> list[PlanRequest]:
+        """What the replica holds and still owes work to, as the DP sees it (`held`'s requests as plans)."""
+        as_plan = Tracked.as_plan
+        return [as_plan(t) for t in self.held(now, best_effort=best_effort)]
+
+    def room(self, now: float, *, best_effort: bool = False) -> list[Tracked] | None:
+        """`held(now, best_effort)`, or None where those requests hold every sequence slot: then `try_admit` at
+        `now` admits nobody whatever it is offered (the DP's slot condition, AdmissionPlanner.slots_free), so the
+        policy need not ask it. Advances the replica as `try_admit` does (advancing twice to the same `now` is
+        advancing once), and the list is what `try_admit` plans on top of (pass it as `held`)."""
+        held = self.held(now, best_effort=best_effort)
+        return None if self.planner.slots_free(len(held), 1) <= 0 else held
+
+    def try_admit(
+        self, now: float, new: Sequence[PlanRequest], *, best_effort: bool = False, held: list[Tracked] | None = None
+    ) -> Admission:
         """The admission DP for `new` on top of what this replica already holds.
 
         For SLO requests (`best_effort=False`) the best-effort requests the replica serves are not in the
@@ -152,5 +166,9 @@ class VirtualReplica:
         as running requests, they reserved a TTFT and a TPOT pace each, so every best-effort request served
         after a burst made the DP decline more of the next burst, which went to the tier, and so on (the
         cause this module's admission was too conservative under bursty arrivals). A best-effort retry
-        (`best_effort=True`) is planned on top of everything, so the tier does not crowd itself out."""
-        return self.planner.admit(now, self.running(now, best_effort=best_effort), new)
+        (`best_effort=True`) is planned on top of everything, so the tier does not crowd itself out. `held`:
+        `room(now, best_effort)`'s list, where the caller has it."""
+        if held is None:
+            return self.planner.admit(now, self.running(now, best_effort=best_effort), new)
+        as_plan = Tracked.as_plan
+        return self.planner.admit(now, [as_plan(t) for t in held], new)
