@@ -30,6 +30,7 @@ from core.control.adaserve.speculation import candidate_shape, path_probabilitie
 from core.step_planner_api import StepRequest
 
 STRETCH_STEPS = 8  # the most steps a stretch computes ahead (a batch holds ~5 selection steps in a row)
+SELECT_STEPS = 4  # the most steps selected at one B at once (B grows with the context every few steps)
 
 # TreeScheduler.throughput_step: (probs (K, 2, n, N), uniforms (K, n), B) -> (verified, emitted), (K, n) each.
 Throughput = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
@@ -53,8 +54,9 @@ class SelectionStretch:
     emitted: list[list[int]] = field(default_factory=list)
 
     def select(self, start: int, budget: int) -> None:
-        """The steps from `start` on, at budget B."""
-        verified, emitted = self.throughput(self.probs[start:], self.uniforms[start:], budget)
+        """The steps from `start` on, at budget B (SELECT_STEPS of them: B changes every few steps)."""
+        end = start + SELECT_STEPS
+        verified, emitted = self.throughput(self.probs[start:end], self.uniforms[start:end], budget)
         self.budget, self.start = budget, start
         self.verified, self.emitted = verified.tolist(), emitted.tolist()
 
@@ -70,11 +72,12 @@ class SelectionStretch:
         step = runs[0].next - self.first
         if step >= len(self.uniforms):
             return None
-        if budget != self.budget:
+        row = step - self.start
+        if budget != self.budget or row >= len(self.verified):
             self.select(step, budget)
+            row = 0
         for run in runs:
             run.next += 1
-        row = step - self.start
         return self.verified[row], self.emitted[row]
 
 
