@@ -12,9 +12,9 @@ stays where it was).
 
 The planner (policy.TreePlanner) builds a stretch at a throughput selection step and takes its rows while
 its checks hold: the same batch (the same requests in the same order), the same (d, w), and every run
-advanced in lockstep (any other step that advances runs drops the stretch). Where B has changed (it grows
-with the context the batch holds), the rows left are selected afresh at the new B. A row not taken is
-never read; its runs' entries are read again by whatever step comes next.
+advanced in lockstep (any other step that advances runs drops the stretch). Rows are selected a few steps
+at a time: where B has changed (it grows with the context the batch holds), the next rows are selected at
+the new B. A row not taken is never read; its runs' entries are read again by whatever step comes next.
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ Throughput = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarra
 
 @dataclass(slots=True)
 class SelectionStretch:
-    """K consecutive throughput selection steps of one batch: each step's columns and, for the steps from
-    `start` on at one budget B, each request's verified positions (root included) and emitted tokens."""
+    """K consecutive throughput selection steps of one batch: each step's path probabilities and uniforms and,
+    for up to SELECT_STEPS steps from `start` at one budget B, each request's verified positions (root
+    included) and emitted tokens."""
 
     items: list[StepRequest]  # the batch, in order (a copy)
     runs: list[AcceptanceRun]  # their runs, in the same order
@@ -54,7 +55,8 @@ class SelectionStretch:
     emitted: list[list[int]] = field(default_factory=list)
 
     def select(self, start: int, budget: int) -> None:
-        """The steps from `start` on, at budget B (SELECT_STEPS of them: B changes every few steps)."""
+        """Select the steps from `start` on at budget B, at most SELECT_STEPS of them (B changes every few
+        steps, and rows selected at an old B are thrown away)."""
         end = start + SELECT_STEPS
         verified, emitted = self.throughput(self.probs[start:end], self.uniforms[start:end], budget)
         self.budget, self.start = budget, start
@@ -63,9 +65,10 @@ class SelectionStretch:
     def take(
         self, decoding: list[StepRequest], budget: int, dims: tuple[int, int]
     ) -> tuple[list[int], list[int]] | None:
-        """This step's row, advancing every request's run by one as the step-by-step columns do; None when the
-        batch or the tree's (d, w) is not the stretch's or its rows are used up (then nothing changes). The
-        caller asks it only for a step whose candidates do not all fit B and B > n (no full tree)."""
+        """This step's row, advancing every request's run by one as the step-by-step columns do (selected first
+        where B has changed or the rows selected end before it); None when the batch or the tree's (d, w) is
+        not the stretch's or its steps are used up (then nothing changes). The caller asks it only for a step
+        whose candidates do not all fit B and B > n (no full tree)."""
         if dims != self.dims or decoding != self.items:  # (StepRequest compares by identity)
             return None
         runs = self.runs
