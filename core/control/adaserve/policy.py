@@ -33,6 +33,7 @@ from core.control.adaserve.scheduler import (
     TreeScheduler,
     draw_run,
 )
+from core.control.adaserve.stretch import SelectionStretch, build_stretch, stretch_steps
 from core.controller_api import ControlledRequest, Policy
 from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.step_planner_api import BatchPlan, StepReplicaView, StepRequest, plan_fcfs_prefill
@@ -99,6 +100,10 @@ class TreePlanner:
         # whether Algorithm 2 runs its SLO phase for requests behind (the spec is frozen: read once).
         self._throughput = scheduler.throughput_step if isinstance(scheduler, TreeScheduler) else None
         self._slo_selection = scheduler.spec.slo_selection
+        # Throughput selection steps computed several at once while the batch and B stay (stretch.py); tests
+        # turn it off for the step-by-step reference.
+        self.stretches = True
+        self._stretch: SelectionStretch | None = None
 
     def plan(self, replica: StepReplicaView, now: float) -> BatchPlan:
         decoding = replica.decoding
@@ -119,16 +124,36 @@ class TreePlanner:
             n = len(decoding)
             budget, spec_steps, full = self.scheduler.layout(n, replica.kv_used, prefill)
             if full is not None and self.shortcut:
+                self._stretch = None  # (the runs advance outside the stretch)
                 verified = self._plan_full_trees(decoding, full, batch)
             elif budget <= n:
+                self._stretch = None
                 return self._roots_only(replica, batch)
             else:
-                columns, needs = self._step_columns(replica, now, prefill, budget, spec_steps)
-                if full is None and self._throughput is not None and (needs is None or not self._slo_selection):
-                    # Nobody behind (every bench-chat selection step): the throughput phase on the columns.
-                    counted, drawn = self._throughput(columns[: 2 * n], columns[2 * n :], budget)
-                    counts = counted.tolist()
-                    emitted = drawn.tolist()
+                stretch = self._stretch
+                taken = None
+                if stretch is not None and full is None:
+                    taken = stretch.take(decoding, budget, self.scheduler.shape(n, budget))
+                if taken is None:
+                    self._stretch = None  # (a step that advances the runs on its own ends the lockstep)
+                    columns, needs = self._step_columns(replica, now, prefill, budget, spec_steps)
+                if taken is not None or (
+                    full is None and self._throughput is not None and (needs is None or not self._slo_selection)
+                ):
+                    # Nobody behind (every bench-chat selection step): the throughput phase, on the columns or
+                    # from the stretch of such steps computed at once (stretch.py).
+                    if taken is not None:
+                        counts, emitted = taken
+                        self.scheduler.selection_steps += 1
+                    elif self.stretches and (steps := stretch_steps(decoding, self._slo_selection)) > 1:
+                        dims = self.scheduler.shape(n, budget)
+                        stretch = self._stretch = build_stretch(decoding, dims, budget, steps, self._throughput)
+                        counts, emitted = stretch.verified[0], stretch.emitted[0]
+                        self.scheduler.selection_steps += 1
+                    else:
+                        counted, drawn = self._throughput(columns[: 2 * n], columns[2 * n :], budget)
+                        counts = counted.tolist()
+                        emitted = drawn.tolist()
                     verified = budget  # (the phase marks exactly B - n candidates beside the n roots; B > n)
                     batch.spec_steps = spec_steps  # (layout's d for this B and n, as scheduler.step answers)
                 else:

@@ -27,6 +27,7 @@ from core.control.adaserve.speculation import (
     full_selection,
     most_probable,
     path_probabilities,
+    row_index,
     select,
     selected_counts,
 )
@@ -262,10 +263,16 @@ class TreeScheduler:
         """`step`'s answer (verified, emitted) for a batch with nobody behind (or the `slo_selection: false`
         ablation) whose candidates do not all fit the budget B (`layout` gave no full tree) and B leaves room
         beside the roots (B > n): the planner asks it directly with the batch's `paired` estimates and truths
-        (clipped) and `uniforms`, without the DecodeBatch and StepDecision around the same calls."""
-        shape = candidate_shape(*self.shape(len(uniforms), budget))
-        self.selection_steps += 1
-        return _throughput_phase(shape, path_probabilities(shape, paired, clipped=True), uniforms, budget)
+        (clipped) and `uniforms`, without the DecodeBatch and StepDecision around the same calls.
+
+        With a leading step axis (the same batch's next K steps at one B, stretch.py), `paired` is those
+        steps' path probabilities, (K, 2, n, N), and `uniforms` (K, n): it answers (K, n) arrays, each row what
+        the step alone would answer; the planner then counts each step as it takes it (a row may never be)."""
+        shape = candidate_shape(*self.shape(uniforms.shape[-1], budget))
+        if paired.ndim == 1:
+            self.selection_steps += 1
+            return _throughput_phase(shape, path_probabilities(shape, paired, clipped=True), uniforms, budget)
+        return _throughput_phases(shape, paired, uniforms, budget)
 
     def roots_only(self) -> None:
         """Account a step whose budget holds no draft token beside the roots (B <= n): Algorithm 2 selects
@@ -307,6 +314,28 @@ def _throughput_phase(
     n = len(uniforms)
     selected = most_probable(both[:n], budget - n)
     return selected_counts(selected, 1), accepted_depths(shape, selected, both[n:], uniforms, 1)
+
+
+def _throughput_phases(
+    shape: CandidateShape, probs: np.ndarray, uniforms: np.ndarray, budget: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """_throughput_phase for K steps of one batch at one B at once (`probs`: (K, 2, n, N), each step's
+    estimates' and truths' path probabilities), each step's values to the bit: argpartition partitions each
+    row of a 2-D array as it partitions the same 1-D array (one introselect per row, the same kth, so the same
+    ties); the counts are integer sums; the acceptance matmul runs as a stack, which numpy hands to BLAS one
+    (n, N) @ (N, d) matrix at a time, the call a single step makes."""
+    steps, n = uniforms.shape
+    size = shape.size
+    estimated = probs[:, 0].reshape(steps, n * size)  # (a copy where not contiguous: rows to partition)
+    cut = n * size - (budget - n)  # the B - n most probable candidates beside the n roots
+    chosen = np.zeros((steps, n * size), dtype=bool)
+    chosen[row_index(steps), estimated.argpartition(cut, axis=1)[:, cut:]] = True
+    selected = chosen.reshape(steps, n, size)
+    reach = np.matmul(probs[:, 1] * selected, shape.level_onehot)  # (K, n, d): P(accepted depth >= k)
+    return (
+        np.add.reduce(selected, axis=2, initial=1),  # + the root
+        np.add.reduce(uniforms[:, :, None] < reach, axis=2, initial=1),  # + the verifier's own token
+    )
 
 
 class StaticScheduler:

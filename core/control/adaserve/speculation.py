@@ -96,18 +96,27 @@ def clip_acceptance(acceptance: np.ndarray) -> np.ndarray:
     return np.minimum(np.maximum(acceptance, EPS), 1.0 - EPS)
 
 
-def path_probabilities(shape: CandidateShape, acceptance: np.ndarray, *, clipped: bool = False) -> np.ndarray:
+def path_probabilities(
+    shape: CandidateShape, acceptance: np.ndarray, *, clipped: bool = False, shared: bool = True
+) -> np.ndarray:
     """(n, N) path probabilities a^depth (1 - a)^offset of every candidate node for each request's a
-    (`clipped`: the caller already passed `acceptance` through clip_acceptance)."""
+    (`clipped`: the caller already passed `acceptance` through clip_acceptance). `shared`: the exponents tiled
+    once per row count and kept (a step's row counts are few); False for one-off row counts (a stretch's K
+    steps), which multiply each row by the exponents broadcast instead: the same products."""
     a = acceptance if clipped else clip_acceptance(acceptance)
     rows, size = len(a), shape.size
-    depth, offset = _tiled_exponents(shape.depth_limit, shape.width, rows)
+    if shared:
+        depth, offset = _tiled_exponents(shape.depth_limit, shape.width, rows)
+    else:  # (the (rows, N) views of the same products: each row times the exponents, broadcast)
+        depth, offset = shape.exponents
     # Row i of the outer products log(a) x depth and log1p(-a) x offset, flattened: a[i]'s logarithm repeated
     # once per node times the exponents tiled once per row, the same products (and the same sum and exp)
     # elementwise in one-dimensional calls, which numpy runs far cheaper than a broadcast outer product.
     logs = np.log(a).repeat(size)
-    logs *= depth
     tail = np.log1p(-a).repeat(size)
+    if not shared:
+        logs, tail = logs.reshape(rows, size), tail.reshape(rows, size)
+    logs *= depth
     tail *= offset
     logs += tail
     np.exp(logs, out=logs)
@@ -207,7 +216,7 @@ def select(approx: np.ndarray, need: np.ndarray, budget: int, depth: int, n_max:
         rows = behind[order_of_rows]
         approx_rows = approx[rows]
         order = np.argsort(-approx_rows, axis=1, kind="stable")
-        ranked = approx_rows[_row_index(len(rows)), order]
+        ranked = approx_rows[row_index(len(rows)), order]
         cap = np.minimum(behind_need[order_of_rows], float(depth))
         wanted = (np.cumsum(ranked, axis=1) < cap[:, None]).sum(axis=1) + 1
         # n_max: the most tokens the phase adds to one tree (Algorithm 2's inputs; its line 12 compares the
@@ -264,7 +273,7 @@ def _positions(size: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=1024)
-def _row_index(rows: int) -> np.ndarray:
+def row_index(rows: int) -> np.ndarray:
     """A (rows, 1) column 0..rows-1 for row-wise fancy indexing (read-only: shared between calls)."""
     index = np.arange(rows)[:, None]
     index.flags.writeable = False

@@ -1,0 +1,132 @@
+"""Several of AdaServe's throughput-phase selection steps computed at once, exactly as one at a time.
+
+A selection step with nobody behind (Algorithm 2 with only its throughput-optimized selection, paper 002
+sec. 4.3 step 3: the budget's globally most probable candidates, then verification) reads nothing but the
+batch, its budget B, the tree shape (d, w) that B and the batch size give, and each request's randomness at
+this step, which was drawn ahead (scheduler.AcceptanceRun: entry `next` is the step's). So while the batch
+and its (d, w) stay the same, the next K steps' path probabilities are known now (computed once: they do not
+depend on B), and their selections and draws at one B: `TreeScheduler.throughput_step` on the K steps at
+once, each row to the bit what the step alone gives. No random number is drawn: the steps read entries
+already drawn, and a stretch is never built past the end of any request's run (the draw at a run's end
+stays where it was).
+
+The planner (policy.TreePlanner) builds a stretch at a throughput selection step and takes its rows while
+its checks hold: the same batch (the same requests in the same order), the same (d, w), and every run
+advanced in lockstep (any other step that advances runs drops the stretch). Rows are selected a few steps
+at a time: where B has changed (it grows with the context the batch holds), the next rows are selected at
+the new B. A row not taken is never read; its runs' entries are read again by whatever step comes next.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from core.control.adaserve.scheduler import AcceptanceRun
+from core.control.adaserve.speculation import candidate_shape, path_probabilities
+from core.step_planner_api import StepRequest
+
+STRETCH_STEPS = 8  # the most steps a stretch computes ahead (a batch holds ~5 selection steps in a row)
+SELECT_STEPS = 4  # the most steps selected at one B at once (B grows with the context every few steps)
+
+# TreeScheduler.throughput_step: (probs (K, 2, n, N), uniforms (K, n), B) -> (verified, emitted), (K, n) each.
+Throughput = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(slots=True)
+class SelectionStretch:
+    """K consecutive throughput selection steps of one batch: each step's path probabilities and uniforms and,
+    for up to SELECT_STEPS steps from `start` at one budget B, each request's verified positions (root
+    included) and emitted tokens."""
+
+    items: list[StepRequest]  # the batch, in order (a copy)
+    runs: list[AcceptanceRun]  # their runs, in the same order
+    first: int  # runs[0].next at the stretch's first step, before that step's advance
+    dims: tuple[int, int]  # the tree's (d, w)
+    probs: np.ndarray  # (K, 2, n, N): each step's estimates' path probabilities, then its truths' (no B in them)
+    uniforms: np.ndarray  # (K, n)
+    throughput: Throughput
+    budget: int = 0  # B of the rows selected
+    start: int = 0  # the first step selected at `budget`
+    verified: list[list[int]] = field(default_factory=list)  # [step - start][request]
+    emitted: list[list[int]] = field(default_factory=list)
+
+    def select(self, start: int, budget: int) -> None:
+        """Select the steps from `start` on at budget B, at most SELECT_STEPS of them (B changes every few
+        steps, and rows selected at an old B are thrown away)."""
+        end = start + SELECT_STEPS
+        verified, emitted = self.throughput(self.probs[start:end], self.uniforms[start:end], budget)
+        self.budget, self.start = budget, start
+        self.verified, self.emitted = verified.tolist(), emitted.tolist()
+
+    def take(
+        self, decoding: list[StepRequest], budget: int, dims: tuple[int, int]
+    ) -> tuple[list[int], list[int]] | None:
+        """This step's row, advancing every request's run by one as the step-by-step columns do (selected first
+        where B has changed or the rows selected end before it); None when the batch or the tree's (d, w) is
+        not the stretch's or its steps are used up (then nothing changes). The caller asks it only for a step
+        whose candidates do not all fit B and B > n (no full tree)."""
+        if dims != self.dims or decoding != self.items:  # (StepRequest compares by identity)
+            return None
+        runs = self.runs
+        step = runs[0].next - self.first
+        if step >= len(self.uniforms):
+            return None
+        row = step - self.start
+        if budget != self.budget or row >= len(self.verified):
+            self.select(step, budget)
+            row = 0
+        for run in runs:
+            run.next += 1
+        return self.verified[row], self.emitted[row]
+
+
+def stretch_steps(decoding: list[StepRequest], slo_selection: bool) -> int:
+    """How many steps a stretch built now may hold: at most STRETCH_STEPS, none past any request's run (its
+    entries from this step's on) nor past its last possible step (it emits at least one token a step), and
+    none when Algorithm 2's SLO phase is on and some request has a TPOT SLO (a later step may find it behind,
+    which the throughput phase alone does not answer)."""
+    steps = STRETCH_STEPS
+    for item in decoding:
+        track = item.planned
+        if slo_selection and track.tpot_s < math.inf:
+            return 0
+        run = track.run
+        entries = run.length - run.next + 1
+        if entries < steps:
+            steps = entries
+        if item.out_left < steps:
+            steps = item.out_left
+    return steps
+
+
+def build_stretch(
+    decoding: list[StepRequest], dims: tuple[int, int], budget: int, steps: int, throughput: Throughput
+) -> SelectionStretch:
+    """The stretch whose first step is the one whose entries the runs have just taken (each run's `next` is
+    one past it, as `TreePlanner._step_columns` leaves it), for `steps` steps (each run must hold them)."""
+    runs = [item.planned.run for item in decoding]
+    n = len(runs)
+    # (K, 3n): each step's n estimates, n truths and n uniforms, from the first step's entries on (flat lists
+    # into one array: numpy reads a flat list of floats far cheaper than a list of lists).
+    estimates: list[float] = []
+    truths: list[float] = []
+    uniforms: list[float] = []
+    for run in runs:
+        start = run.next - 1
+        end = start + steps
+        estimates += run.estimate_list[start:end]
+        truths += run.truth_list[start:end]
+        uniforms += run.uniform_list[start:end]
+    estimates += truths
+    estimates += uniforms
+    columns = np.array(estimates).reshape(3 * n, steps).T
+    rates = columns[:, : 2 * n].ravel()  # step by step: its n estimates, then its n truths
+    shape = candidate_shape(*dims)
+    probs = path_probabilities(shape, rates, clipped=True, shared=False).reshape(steps, 2, n, shape.size)
+    stretch = SelectionStretch(list(decoding), runs, runs[0].next - 1, dims, probs, columns[:, 2 * n :], throughput)
+    stretch.select(0, budget)
+    return stretch
