@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -232,29 +233,34 @@ async def find_capacity(
         assert options.seed is not None
         speeds = await executor.run("saber offline phase", saber_offline_task, profile, options.seed)
 
-    def start(rate: float) -> asyncio.Task[Probe]:
+    def start(rate: float, then: int) -> asyncio.Task[Probe]:
+        """The probe at `rate`, started if it is not yet; `then`: about how many the bisection asks for after it."""
         if rate not in ahead:
             label = f"{mode} at {rate:.4g} req/s"
-            # A bisection is a chain of probes; the job ends with the slowest chain, so a mode whose last probe
-            # took longest goes first when probes wait for a worker (its probes take about as long each).
-            urgency = result.probes[-1].wall_s if result.probes else 0.0
+            # A bisection is a chain of probes and the job ends with the last chain: when probes wait for a worker,
+            # the chain with the most work left goes first (its last probe's time x the probes left, this one
+            # included). A chain that has measured nothing yet goes first of all: its cost is unknown.
+            urgency = result.probes[-1].wall_s * (1 + then) if result.probes else math.inf
             task = executor.run(label, probe_task, scaling, mode, rate, options, speeds, urgency=urgency)
             ahead[rate] = asyncio.ensure_future(task)
         return ahead[rate]
 
-    async def probe(rate: float) -> bool:
-        p = await start(rate)
+    # After a bracketing probe: maybe one more, then the halvings of a bracket of a factor of 2.
+    bracketing_then = 1 + _halvings(0.5, rel_tol)
+
+    async def probe(rate: float, then: int) -> bool:
+        p = await start(rate, then)
         result.probes.append(p)
         sink(make_event("capacity_probe", mode=mode, **_probe_dict(p)))
         return p.attainment >= target
 
     rate = scaling.base_rate_rps
     low, high = 0.0, 0.0
-    if await probe(rate):
+    if await probe(rate, bracketing_then):
         low = rate
         for _ in range(MAX_BRACKET_STEPS):
             rate *= 2.0
-            if not await probe(rate):
+            if not await probe(rate, bracketing_then):
                 high = rate
                 break
             low = rate
@@ -264,7 +270,7 @@ async def find_capacity(
         high = rate
         for _ in range(MAX_BRACKET_STEPS):
             rate /= 2.0
-            if await probe(rate):
+            if await probe(rate, bracketing_then):
                 low = rate
                 break
             high = rate
@@ -272,11 +278,12 @@ async def find_capacity(
         if low > 0.0 and high > low:
             while (high - low) > rel_tol * high:
                 middle = (low + high) / 2.0
+                then = _halvings((high - low) / 2.0 / high, rel_tol)
                 if lookahead:  # the next step's middle, whichever way this one goes (the same float expression)
-                    start(middle)
-                    start((low + middle) / 2.0)
-                    start((middle + high) / 2.0)
-                if await probe(middle):
+                    start(middle, then)
+                    start((low + middle) / 2.0, then - 1)
+                    start((middle + high) / 2.0, then - 1)
+                if await probe(middle, then):
                     low = middle
                 else:
                     high = middle
@@ -286,6 +293,15 @@ async def find_capacity(
     result.capacity_rps = low
     result.bracket = (low, high)
     return result
+
+
+def _halvings(width: float, rel_tol: float) -> int:
+    """How many halvings bring a bracket `width` wide (a fraction of its upper end) within `rel_tol`."""
+    halvings = 0
+    while width > rel_tol:
+        width /= 2.0
+        halvings += 1
+    return halvings
 
 
 async def run_capacity(
