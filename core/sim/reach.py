@@ -20,7 +20,6 @@ from it; `tests/test_sim_reach.py` holds the reused measurement to a fresh one.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
@@ -62,8 +61,3 @@ def run_reach(
     # The running count never passes max_num_seqs; reaching it is where the knob decided something.
     seqs_above = seqs_probe if seqs_probe < max_num_seqs else None
     return RunReach(concurrency, max_num_seqs, seqs_above, cap_from)
-
-
-def sort_key(concurrency: int | None, max_num_seqs: int) -> tuple[float, int]:
-    """Largest first: the order in which a sweep measures, so that each run stands for as many as it can."""
-    return (-(math.inf if concurrency is None else concurrency), -max_num_seqs)

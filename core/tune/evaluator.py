@@ -126,7 +126,9 @@ class Evaluator:
         same segments, events and budget; on a parallel runner (a process pool, Ray tasks, live segments on
         Ray) the points that loop would measure are measured side by side first, each journaled the moment
         it finishes (a Ctrl-C or a kill mid-step keeps the finished ones for --resume), so the loop's
-        answers and its BudgetExhausted come out exactly as they would one by one."""
+        answers and its BudgetExhausted come out exactly as they would one by one. A runner with
+        `sweep_rounds` (the simulator's) is measured ahead in its rounds, serial or not, so that the points a
+        run stands for are answered from it (core/sim/reach.py)."""
         rounds = getattr(self.runner, "sweep_rounds", None)
         if getattr(self.runner, "parallel", False) or rounds is not None:
             todo = self._ahead_of(points, phase, step, fraction)
