@@ -118,6 +118,9 @@ def test_start_waits_for_readiness_on_a_free_loopback_port(servers: list, log_di
     assert server.base_url.startswith("http://127.0.0.1:") and server.port
     assert server.startup_s is not None and server.startup_s >= 1.0
     assert os.getpgid(server.pid) == server.pid  # its own process group
+    # ...in this process's session: a session of its own is a scheduler autogroup of its own, and a busy vLLM
+    # CPU server there starved this process's client for seconds (core/serve/process.py's docstring).
+    assert os.getsid(server.pid) == os.getsid(0)
     assert server.log_path is not None and "fake server starting" in server.log_path.read_text()
 
 

@@ -1,9 +1,18 @@
 """Lifecycle of one server child process: start, wait until ready, watch, stop, restart. Never leaks it.
 
-The child runs in its own session (`start_new_session=True`), so it and everything it spawns (vLLM's
-EngineCore and workers, the multiprocessing resource tracker) share one process group that we signal as
-a whole: a Ctrl-C in the terminal does not reach it directly (it is not in the foreground group), and
-stopping it never depends on process names. argv is always a list, never a shell string.
+The child runs in a process group of its own (`process_group=0`), so it and everything it spawns (vLLM's
+EngineCore and workers, the multiprocessing resource tracker) share one group that we signal as a whole: a
+Ctrl-C in the terminal does not reach it directly (it is not in the foreground group), and stopping it never
+depends on process names. argv is always a list, never a shell string.
+
+A group, not a session of its own (`start_new_session`, used until 2026-11-26): Linux puts each session in a
+scheduler autogroup (`kernel.sched_autogroup_enabled`, on by default), and on this 2-core machine (kernel
+6.18) a vLLM CPU server in an autogroup of its own starved slo-console's own process, the load client and
+the gateway, for seconds at a time while it was busy: a 10 ms sleep loop beside them woke up to 11.5 s late
+(runnable, not sleeping), the event loop stalled up to 15 s at the 99th percentile, and requests timed out
+connecting to the gateway and the gateway to vLLM (10 s connect timeouts; CI failed on it). The same load
+with vLLM in slo-console's session: no stall over 0.2 s, the event loop's worst 71 ms, every request served
+(docs/gateway.md, "Client starvation under vLLM's own autogroup").
 
 States: stopped -> starting -> ready -> (crashed | stopped). A callback sees every change; it runs on the
 thread that caused it (the crash watcher is a background thread), so a UI must hop to its own loop.
@@ -294,7 +303,7 @@ class ServerProcess:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 env=env,
-                start_new_session=True,  # own process group: signal it whole, never by name
+                process_group=0,  # own process group, same session: see the module docstring
                 close_fds=True,
                 pass_fds=pass_fds,
             )
@@ -387,7 +396,7 @@ class ServerProcess:
         proc = self._proc
         if proc is None:
             return
-        pgid = proc.pid  # start_new_session: the leader's pid is the group id
+        pgid = proc.pid  # process_group=0: the leader's pid is the group id
         if group_members(pgid):
             signal_group(pgid, signal.SIGTERM)
             deadline = time.monotonic() + self.stop_timeout_s
