@@ -14,8 +14,9 @@ twice it. Attainment is the client's: e2e from when the client sent the request 
 What made the attainment robust on a busy machine (measured 2026-11-24; before, SABER's admitted attainment
 was 0.00-0.35 against fcfs's 0.00-0.12, higher in 11 runs of 13, so it was only printed):
 - the gateway saw each request 0.5-1 s (median) after the client sent it (client and gateway share one
-  starved process: event-loop stalls of 0.5 s at the 90th percentile while it used 2% of a core), so
-  SABER's deadlines started late; the client now says when it sent the request (`x-slo-sent-at`) and the
+  starved process: event-loop stalls of 0.5 s at the 90th percentile while it used 2% of a core; the cause,
+  found 2026-11-26, was vLLM started in a session, so a scheduler autogroup, of its own: core/serve/process.py),
+  so SABER's deadlines started late; the client now says when it sent the request (`x-slo-sent-at`) and the
   deadline counts from there (core/gateway/protocol.py). Measured at the gateway, SABER's admitted
   requests were already 97% in time (69 of 71) in a run where the client counted 41%;
 - the drift correction scales f(L) by the 10% quantile of the last 30 observed / predicted speeds
