@@ -33,7 +33,8 @@ from core.control.adaserve.scheduler import (
     TreeScheduler,
     draw_run,
 )
-from core.control.adaserve.stretch import SelectionStretch, build_stretch, stretch_steps
+from core.control.adaserve.step_lengths import StepLengths
+from core.control.adaserve.stretch import SelectionStretch, advance, build_stretch, stretch_steps
 from core.controller_api import ControlledRequest, Policy
 from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.step_planner_api import BatchPlan, StepReplicaView, StepRequest, plan_fcfs_prefill
@@ -57,27 +58,6 @@ class _Tracked:
 
 # A run with no step left: a request's randomness is drawn at its first speculating step, not before.
 NOTHING_DRAWN = AcceptanceRun(np.empty(0), np.empty(0), np.empty(0), 0)
-
-
-class StepLengths:
-    """A replica's step lengths as running sums, so the mean of the last k steps costs O(1)."""
-
-    KEEP = 1 << 16  # steps kept (more than any request's output tokens; older ones are dropped in halves)
-
-    def __init__(self) -> None:
-        self.sums = [0.0]  # sums[i]: the first i steps kept, in seconds
-
-    def add(self, seconds: float) -> None:
-        sums = self.sums
-        sums.append(sums[-1] + seconds)
-        if len(sums) > 2 * self.KEEP:
-            del sums[: self.KEEP]
-
-    def mean_of_last(self, k: int) -> float:
-        """Mean length of the last `k` steps (of all there are, when fewer; 0.0 before the first)."""
-        sums = self.sums
-        k = min(k, len(sums) - 1)
-        return (sums[-1] - sums[-1 - k]) / k if k > 0 else 0.0
 
 
 class TreePlanner:
@@ -134,18 +114,25 @@ class TreePlanner:
                 taken = None
                 if stretch is not None and full is None:
                     taken = stretch.take(decoding, budget, self.scheduler.shape(n, budget))
+                steps = 0  # of a stretch built at this step (asked before the columns, which it makes needless)
                 if taken is None:
                     self._stretch = None  # (a step that advances the runs on its own ends the lockstep)
-                    columns, needs = self._step_columns(replica, now, prefill, budget, spec_steps)
-                if taken is not None or (
-                    full is None and self._throughput is not None and (needs is None or not self._slo_selection)
+                    if self.stretches and full is None and self._throughput is not None:
+                        steps = stretch_steps(decoding, self._slo_selection, self._drawn_run)
+                    if steps <= 1:
+                        columns, needs = self._step_columns(replica, now, prefill, budget, spec_steps)
+                if (
+                    steps > 1
+                    or taken is not None
+                    or (full is None and self._throughput is not None and (needs is None or not self._slo_selection))
                 ):
                     # Nobody behind (every bench-chat selection step): the throughput phase, on the columns or
                     # from the stretch of such steps computed at once (stretch.py).
                     if taken is not None:
                         counts, emitted = taken
                         self.scheduler.selection_steps += 1
-                    elif self.stretches and (steps := stretch_steps(decoding, self._slo_selection)) > 1:
+                    elif steps > 1:
+                        advance(decoding)  # (this step's entries, as the columns would take them)
                         dims = self.scheduler.shape(n, budget)
                         stretch = self._stretch = build_stretch(decoding, dims, budget, steps, self._throughput)
                         counts, emitted = stretch.verified[0], stretch.emitted[0]
@@ -319,13 +306,18 @@ class TreePlanner:
 
     def _next_run(self, item: StepRequest) -> AcceptanceRun:
         """The request's randomness, advanced to this step (entry `next - 1` is this step's)."""
+        run = self._drawn_run(item)
+        run.next += 1
+        return run
+
+    def _drawn_run(self, item: StepRequest) -> AcceptanceRun:
+        """The request's randomness with this step's entry drawn (entry `next`), not advanced."""
         track = item.planned
         if track is None:
             track = self._track(item)
         run = track.run
         if run.next >= run.length:
             run = track.run = draw_run(self.scheduler.rng, item.acceptance, item.out_left + 1, self.spec)
-        run.next += 1
         return run
 
     def _step_columns(
