@@ -261,3 +261,53 @@ def test_the_window_keeps_the_rows_a_deque_of_tuples_kept() -> None:
             else:
                 agg._flush()
             assert np.array_equal(agg._rows, np.array(reference, dtype=float).reshape(-1, 9), equal_nan=True)
+
+
+def test_advance_leaves_the_window_as_a_snapshot_leaves_it() -> None:
+    """`advance` (a run whose progress events nobody reads) judges and drops what `snapshot` would: the
+    next snapshot and the kept outcomes are the same to the last bit."""
+    rng = np.random.default_rng(7)
+    records = varied_records(rng, 600)
+    read = WindowedAggregator(10.0, SLO, SMOOTH, batch_size=512, keep_outcomes=True)
+    unread = WindowedAggregator(10.0, SLO, SMOOTH, batch_size=512, keep_outcomes=True)
+    for i, record in enumerate(records):
+        read.add(record)
+        unread.add(record)
+        if i % 41 == 40:
+            now = max(r.end_s or r.arrival_s for r in records[: i + 1])
+            read.snapshot(now)
+            unread.advance(now)
+    # The same state before the last snapshot: the same records judged, the same rows kept (a no-op
+    # `advance` leaves records pending and fails here).
+    assert read._totals == unread._totals and np.array_equal(read._rows, unread._rows, equal_nan=True)
+    assert json.dumps(read.snapshot(60.0).to_dict()) == json.dumps(unread.snapshot(60.0).to_dict())
+    kept = [r for r in records if not r.warmup]
+    a, b = read.judged(kept, SLO, SMOOTH), unread.judged(kept, SLO, SMOOTH)
+    assert a is not None and b is not None
+    assert json.dumps(summarize(records, slo=SLO, smooth=SMOOTH, judged=read.judged).to_dict()) == json.dumps(
+        summarize(records, slo=SLO, smooth=SMOOTH, judged=unread.judged).to_dict()
+    )
+
+
+@pytest.mark.parametrize("mode", ["fcfs", "slos-serve"])
+def test_a_run_nobody_watches_has_the_summary_of_one_that_is_watched(mode: str) -> None:
+    """run_workload with null_sink (a capacity probe) skips the progress snapshots: the same summary as the
+    run whose progress events are read, which did emit them."""
+    import asyncio
+
+    from core.backends.factory import make_backend
+    from core.events import null_sink
+    from core.jobs.run import RunOptions, run_workload
+    from core.profile import load_profile
+
+    profile = load_profile("quickstart").model_copy(update={"mode": mode})
+    options = RunOptions(seed=3, requests=600, progress_every=37, engine_events=False)
+
+    def run(sink):  # type: ignore[no-untyped-def]
+        backend = make_backend("sim", profile, seed=3, mode=mode)
+        return asyncio.run(run_workload(profile, backend, sink, options)).summary.to_dict()
+
+    events: list[dict] = []
+    watched = run(events.append)
+    assert sum(e["event"] == "progress" for e in events) >= 15
+    assert json.dumps(run(null_sink)) == json.dumps(watched)

@@ -183,11 +183,16 @@ class WindowedAggregator:
             # The leading rows up to the first that stays (argmin: the first False), or all of them.
             self._rows = self._rows[int(gone.argmin()) :] if not gone.all() else self._rows[:0]
 
+    def advance(self, now_s: float) -> None:
+        """What `snapshot(now_s)` does to the window (the pending records judged, the rows before the window
+        dropped), for a caller that does not read the figures."""
+        self._flush()
+        self._evict(now_s)
+
     def snapshot(self, now_s: float) -> WindowSnapshot:
         """Metrics of (now_s - window_s, now_s]. Time only moves forward: rows older than the newest
         end added minus the window are already dropped, so a snapshot of the past may miss them."""
-        self._flush()
-        self._evict(now_s)
+        self.advance(now_s)
         span = min(self.window_s, now_s - self._first_arrival_s)
         if len(self._rows):
             table = self._rows
