@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Literal
 
 from core.backend_api import Backend, BackendUnavailable
 from core.profile import Profile, SchedulingMode, load_calibration, parse_scheduling_mode
+from core.serve.autogroup import separate_autogroup_warning
 
 if TYPE_CHECKING:
     from core.serve.process import StateCallback
@@ -80,6 +82,9 @@ def _make_live(
             from core.backends.live import UrlBackend
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise BackendUnavailable(f"the live client cannot load ({exc}); reinstall slo-console") from exc
+        advice = separate_autogroup_warning(url)  # a local server in another autogroup can starve the client
+        if advice is not None:
+            logging.getLogger("slo_console").warning("%s", advice)
         return UrlBackend(url)
     if kind == "vllm":
         try:
