@@ -55,6 +55,7 @@ class RunController:
             url=config.url,
             speed=config.speed,
             on_server_state=self.app.server_state_from_thread,
+            on_advice=lambda text: self.app.notify(text, title="Your server", severity="warning", timeout=20),
         )
 
     def backend(self) -> Backend:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from core.serve.autogroup import autogroup, listening_pid, separate_autogroup_warning
+from core.serve.autogroup import autogroup, autogroups_enabled, listening_pid, separate_autogroup_warning
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/autogroup").is_file(), reason="no autogroups on this kernel")
 
@@ -72,3 +72,20 @@ def test_no_advice_for_a_remote_host_or_a_port_no_one_listens_on(listeners: list
     proc.wait()
     assert listening_pid(port) is None
     assert separate_autogroup_warning(f"http://127.0.0.1:{port}", enabled=True) is None
+
+
+def test_make_backend_hands_the_advice_to_its_caller(listeners: list) -> None:
+    from core.backends.factory import make_backend
+    from core.profile import load_profile
+
+    proc, port = start_listener(own_session=True)
+    listeners.append(proc)
+    told: list[str] = []
+    profile = load_profile("quickstart")
+    make_backend("url", profile, url=f"http://127.0.0.1:{port}", on_advice=told.append)
+    expected = separate_autogroup_warning(f"http://127.0.0.1:{port}")
+    assert (expected is not None) == autogroups_enabled()  # the kernel's switch as this machine has it
+    assert told == ([expected] if expected is not None else [])
+    told.clear()
+    make_backend("sim", profile, on_advice=told.append)
+    assert told == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from core.backend_api import Backend, BackendUnavailable
@@ -24,19 +25,25 @@ def make_backend(
     speed: float | None = None,
     mode: SchedulingMode | None = None,
     on_server_state: StateCallback | None = None,
+    on_advice: Callable[[str], None] | None = None,
 ) -> Backend:
     """The backend serves `profile.mode` (the one channel for the scheduling mode). `mode`, when given, is
     applied to the profile first (`Profile.with_mode`) and also asks for the admission gateway on a live
     backend even for fcfs. On the simulator the mode runs in the simulated controller; on a live backend the
     admission gateway (core/backends/gateway_backend.py) runs it in front of the server, when the mode is not
     plain fcfs or when a mode is asked for explicitly. `on_server_state`: called (on the process watcher's
-    thread) when a managed vLLM changes state (the console's process tab)."""
+    thread) when a managed vLLM changes state (the console's process tab). `on_advice`: told one line of
+    advice about the set-up (a `--backend url` server in another autogroup: core/serve/autogroup.py); by
+    default it goes to the log (stderr in batch mode)."""
     if mode is not None:
         profile = profile.with_mode(parse_scheduling_mode(mode))
     mode_name = profile.mode
     if kind == "sim":
         return _make_sim(profile, seed=seed, speed=speed, mode_name=mode_name)
     inner = _make_live(kind, profile, url=url, mode_name=mode_name, on_server_state=on_server_state)
+    advice = separate_autogroup_warning(url) if kind == "url" and url else None
+    if advice is not None:
+        (on_advice or logging.getLogger("slo_console").warning)(advice)
     if mode is not None or mode_name != "fcfs":
         return gateway_in_front(inner, profile, mode_name)
     return inner
@@ -82,9 +89,6 @@ def _make_live(
             from core.backends.live import UrlBackend
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise BackendUnavailable(f"the live client cannot load ({exc}); reinstall slo-console") from exc
-        advice = separate_autogroup_warning(url)  # a local server in another autogroup can starve the client
-        if advice is not None:
-            logging.getLogger("slo_console").warning("%s", advice)
         return UrlBackend(url)
     if kind == "vllm":
         try:
