@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from core.serve.autogroup import autogroup, autogroups_enabled, listening_pid, separate_autogroup_warning
+from core.serve import autogroup as autogroup_module
+from core.serve.autogroup import (
+    ROOT_AUTOGROUP,
+    autogroup,
+    autogroups_enabled,
+    listening_pid,
+    separate_autogroup_warning,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/autogroup").is_file(), reason="no autogroups on this kernel")
 
@@ -54,6 +61,22 @@ def test_a_server_in_a_session_of_its_own_gets_the_advice(listeners: list) -> No
     )
     # Autogroups switched off: the kernel shares the CPU between threads, nothing to advise.
     assert separate_autogroup_warning(f"http://127.0.0.1:{port}", enabled=False) is None
+
+
+def test_the_root_autogroup_is_a_group_not_unknown(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What CI sees: its runner starts pytest without a session of its own, so pytest's autogroup file is empty
+    # (the kernel's default group) while a server started with `setsid` has one; the advice must still come.
+    for pid, text in {"1": "", "2": "/autogroup-7 nice 0\n"}.items():
+        (tmp_path / pid).mkdir()
+        (tmp_path / pid / "autogroup").write_text(text)
+    monkeypatch.setattr(autogroup_module, "PROC", tmp_path)
+    assert autogroup(1) == ROOT_AUTOGROUP and autogroup(2) == "/autogroup-7" and autogroup(3) is None
+    monkeypatch.setattr(autogroup_module, "listening_pid", lambda port: 2)
+    monkeypatch.setattr(autogroup_module.os, "getpid", lambda: 1)
+    advice = separate_autogroup_warning("http://127.0.0.1:8000", enabled=True)
+    assert advice is not None and "(/autogroup-7) than slo-console (/autogroup-0)" in advice
+    monkeypatch.setattr(autogroup_module, "listening_pid", lambda port: 1)  # both in the root group
+    assert separate_autogroup_warning("http://127.0.0.1:8000", enabled=True) is None
 
 
 def test_a_server_in_this_session_gets_none(listeners: list) -> None:

@@ -30,12 +30,24 @@ def autogroups_enabled() -> bool:
         return False
 
 
+ROOT_AUTOGROUP = "/autogroup-0"
+
+
 def autogroup(pid: int) -> str | None:
-    """The autogroup a process runs in ("/autogroup-42"), or None where the kernel does not say."""
+    """The autogroup a process runs in ("/autogroup-42"), or None where the kernel does not say.
+
+    A process that no `setsid` since boot has moved (pid 1 and what a daemon starts without a session of its
+    own, as a CI runner may) runs in the kernel's default autogroup, the root task group, and its file is
+    *empty* (kernel/sched/autogroup.c prints nothing for it): that is `ROOT_AUTOGROUP`, not "unknown". A
+    server in an autogroup of its own competes with such a client as one more scheduling entity: stop 33's CI
+    run, its client in the root group, was starved by vLLM started in a session of its own.
+    """
     try:
-        return (PROC / str(pid) / "autogroup").read_text().split()[0]
-    except (OSError, IndexError):
+        text = (PROC / str(pid) / "autogroup").read_text()
+    except OSError:
         return None
+    fields = text.split()
+    return fields[0] if fields else ROOT_AUTOGROUP
 
 
 def _listening_inodes(port: int) -> set[str]:
