@@ -178,7 +178,7 @@ def pool_context(preload: Sequence[str] = ()) -> multiprocessing.context.BaseCon
     every module already imported. With threads (the console runs compare in a worker thread), forkserver
     with the task's modules preloaded: forking a threaded process can copy a held lock. spawn elsewhere.
     docs/scale-out.md has the start-up cost of each."""
-    # Imported here, not with the module: multiprocessing and the process pool were ~2% of the start of every
+    # Imported here, not with the module: multiprocessing and the process pool were ~1% of the start of every
     # command that imports this module (the batch CLI does, for --executor's choices) and most never start one.
     import multiprocessing
 

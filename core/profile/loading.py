@@ -19,8 +19,8 @@ from core.profile.serving_spec import Calibration
 PROFILES_DIR = Path(__file__).resolve().parent.parent.parent / "profiles"
 
 # libyaml's parser where PyYAML was built with it (the wheels are): the same documents, values and errors
-# (the constructor and the resolver are PyYAML's Python ones either way), read about six times faster than by
-# the pure-Python parser, which took ~7 ms of every run's start reading a profile and its calibration.
+# (the constructor and the resolver are PyYAML's Python ones either way), read five to six times faster than
+# by the pure-Python parser, whose reading of a profile and its calibration was 1.6% of a one-request batch run.
 _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
