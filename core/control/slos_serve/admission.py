@@ -96,11 +96,16 @@ class AdmissionPlanner:
         self.settings = settings
 
     def budget_model(self, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> BudgetModel:
-        tiers = tier_list([r.tpot_s for r in running] + [r.tpot_s for r in new])
-        index = {t: i for i, t in enumerate(tiers)}
-        reference = [0.0] * len(tiers)
-        for r in (*running, *new):
-            reference[index[r.tpot_s]] += 1.0
+        tpots = [r.tpot_s for r in running]
+        tpots += [r.tpot_s for r in new]
+        tiers = tier_list(tpots)
+        if len(tiers) == 1:
+            reference = [float(len(tpots))]  # 1.0 added that many times (exact: a count far below 2**53)
+        else:
+            index = {t: i for i, t in enumerate(tiers)}
+            reference = [0.0] * len(tiers)
+            for tpot in tpots:
+                reference[index[tpot]] += 1.0
         s = self.settings
         return BudgetModel(
             self.model,
@@ -128,8 +133,14 @@ class AdmissionPlanner:
         tier_of = {t: i for i, t in enumerate(tiers)}
         n_tiers = len(tiers)
 
-        decoders = [r for r in running if r.decoding and r.decode_tokens > 0]
-        forced = [r for r in running if not r.decoding]
+        # One pass, `decoding` (prefill_tokens <= 0) inline: the running requests are listed at every decision.
+        decoders: list[PlanRequest] = []
+        forced: list[PlanRequest] = []
+        for r in running:
+            if r.prefill_tokens > 0:
+                forced.append(r)
+            elif r.decode_tokens > 0:
+                decoders.append(r)
         # Visit order: by prefill deadline; a running request before a new one on a tie.
         visits: list[tuple[float, int, int, PlanRequest]] = [(r.prefill_deadline_s, 0, -1, r) for r in forced]
         visits += [(r.prefill_deadline_s, 1, pos, r) for pos, r in enumerate(new)]
