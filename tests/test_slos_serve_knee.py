@@ -176,3 +176,33 @@ def test_batch_at_kept_answers_equal_the_plans_batch_along_a_stretch(model: Step
             )
             plan = fresh.plan(1)
             assert moved.batch_at(float(kv), 1) == (plan.batch_tokens, plan.batch_time_s), (kv, seqs)
+
+
+@pytest.mark.parametrize("model", _models())
+def test_models_sharing_kept_batches_plan_as_fresh_ones(model: StepTimeModel) -> None:
+    """The admission DP's and the virtual replica's BudgetModels share their kept batches (`memo`, one per
+    tiers): a model built on a memo that models at other KVs and sequence counts filled plans as a model
+    built without one, for every tier mask; and on llama-7b-a100 most plans come from the memo."""
+    for efficiency, tiers in itertools.product((None, 0.95), ([0.09], [0.045, 0.09, 2.0])):
+        memo: dict[tuple[int, int], tuple[object, ...]] = {}
+        kept = asked = 0
+        for kv, seqs in itertools.product(range(0, 120_000, 2_741), (3, 7, 64)):
+            shared = BudgetModel(
+                model,
+                tiers,
+                max_batch_tokens=2048,
+                context_tokens=kv,
+                sequences=seqs,
+                knee_efficiency=efficiency,
+                memo=memo,
+            )
+            fresh = BudgetModel(
+                model, tiers, max_batch_tokens=2048, context_tokens=kv, sequences=seqs, knee_efficiency=efficiency
+            )
+            for populated in range(1 << len(tiers)):
+                shared._search = None
+                assert shared.plan(populated) == fresh.plan(populated), (kv, seqs, populated, tiers, efficiency)
+                asked += 1
+                kept += populated > 0 and shared._search is None and efficiency is not None
+        if model.terms == _models()[0].terms and efficiency is not None:
+            assert kept > 0.15 * asked, (kept, asked)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.control.slos_serve.budget import BudgetModel
 from core.step_time import StepTimeModel
@@ -94,6 +95,17 @@ class AdmissionPlanner:
     def __init__(self, model: StepTimeModel, settings: PlannerSettings) -> None:
         self.model = model
         self.settings = settings
+        # BudgetModel's kept batches (its `memo`), shared by the models of every decision with the same tiers: the
+        # step-time model, batch cap and knee are this planner's (a decision's models differ in KV and sequences).
+        self._memos: dict[tuple[float, ...], dict[tuple[int, int], tuple[Any, ...]]] = {}
+
+    def batch_memo(self, tiers: Sequence[float]) -> dict[tuple[int, int], tuple[Any, ...]]:
+        """The kept batches shared by this planner's BudgetModels on `tiers` (BudgetModel's `memo`)."""
+        key = tuple(tiers)
+        memo = self._memos.get(key)
+        if memo is None:
+            memo = self._memos[key] = {}
+        return memo
 
     def budget_model(self, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> BudgetModel:
         tpots = [r.tpot_s for r in running]
@@ -117,6 +129,7 @@ class AdmissionPlanner:
             acceptance=s.acceptance,
             reference_counts=reference,
             knee_efficiency=s.knee_efficiency,
+            memo=self.batch_memo(tiers),
         )
 
     def slots_free(self, running: int, new: int) -> int:

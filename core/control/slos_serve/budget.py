@@ -20,6 +20,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from core.step_time import StepTimeModel, expected_accepted_tokens
 
@@ -66,6 +67,7 @@ class BudgetModel:
         acceptance: float = 0.0,
         reference_counts: Sequence[float] | None = None,
         knee_efficiency: float | None = None,
+        memo: dict[tuple[int, int], tuple[Any, ...]] | None = None,
     ) -> None:
         self.model = model
         self.knee_efficiency = knee_efficiency
@@ -82,8 +84,10 @@ class BudgetModel:
         # every coefficient but the base >= 0 (holds_decodes_between), when asked: the model's terms are fixed
         self._monotone: bool | None = None
         self._reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
-        # batch_at's last answer per populated mask, with the bounds under which it holds at another KV (_remember)
-        self._batch_memo: dict[int, tuple[float, float, float, float, float, float, float]] = {}
+        # The last batch worked out per (sequences, populated mask), with the bounds under which it holds at another KV
+        # (_remember); `memo` may be shared by models of the same step-time model, tiers, batch cap and knee (the
+        # admission DP's and the virtual replica's, one per decision).
+        self._batch_memo: dict[tuple[int, int], tuple[Any, ...]] = {} if memo is None else memo
         # The model's terms split for it (_split_terms), worked out when batch_at first keeps an answer
         self._split: tuple[list[tuple[float, ...]], list[tuple[float, ...]]] | None = None
         self._split_known = False
@@ -109,18 +113,9 @@ class BudgetModel:
         assert not self.max_spec_len, "batch_at: no speculation (the lengths would depend on the context)"
         self.at_context(context_tokens)
         if populated:
-            memo = self._batch_memo.get(populated)
-            if memo is not None:
-                # Where the KV moves only terms that take no token cost and stay within every bound, the answer is
-                # the one kept (see _remember).
-                tokens, duration, limit, lowest, longest, goal, need = memo
-                seqs = self.sequences
-                for base, _, per_ctx, per_spec, per_seq in self._split[0]:  # type: ignore[index]
-                    fixed = base + per_ctx * context_tokens + per_spec * 0 + per_seq * seqs
-                    if fixed > limit or fixed > lowest or not fixed * 1e6 >= longest or goal * fixed / 1.0 > need:
-                        break
-                else:
-                    return tokens, duration
+            kept = self._kept_batch(populated)
+            if kept is not None:
+                return kept
             limit = self._limit(populated)
             self._search = None
             tokens, duration = self._batch(limit, 0)  # _evaluate's limit and spec steps
@@ -129,6 +124,20 @@ class BudgetModel:
                 return tokens, duration
         self._idle = self._batch(None, 0)  # plan's idle fallback (as `_evaluate([], ...)` caches it)
         return self._idle
+
+    def _kept_batch(self, populated: int) -> tuple[float, float] | None:
+        """`_batch(_limit(populated), 0)` at this model's KV where a batch kept for these sequences and tiers holds
+        here (see _remember: the KV moves only terms that take no token cost, and they stay within every bound)."""
+        memo = self._batch_memo.get((self.sequences, populated))
+        if memo is None:
+            return None
+        tokens, duration, limit, lowest, longest, goal, need, kv_terms = memo
+        ctx, seqs = self.context_tokens, self.sequences
+        for base, _, per_ctx, per_spec, per_seq in kv_terms:
+            fixed = base + per_ctx * ctx + per_spec * 0 + per_seq * seqs
+            if fixed > limit or fixed > lowest or not fixed * 1e6 >= longest or goal * fixed / 1.0 > need:
+                return None
+        return tokens, duration
 
     def _remember(self, populated: int, limit: float, tokens: float, duration: float) -> None:
         """Keep batch_at's answer at this KV where it is the same at every KV that passes batch_at's test.
@@ -168,11 +177,11 @@ class BudgetModel:
             if not fixed * 1e6 >= longest or not room > 0.0:
                 return
             need = max(need, goal * fixed / room)
-        for base, _, per_ctx, per_spec, per_seq in kv_terms:  # batch_at's test, here
+        for base, _, per_ctx, per_spec, per_seq in kv_terms:  # _kept_batch's test, here
             fixed = base + per_ctx * ctx + per_spec * 0 + per_seq * seqs
             if fixed > limit or fixed > lowest or not fixed * 1e6 >= longest or goal * fixed / 1.0 > need:
                 return
-        self._batch_memo[populated] = (tokens, duration, limit, lowest, longest, goal, need)
+        self._batch_memo[seqs, populated] = (tokens, duration, limit, lowest, longest, goal, need, kv_terms)
 
     def _limit(self, populated: int) -> float:
         """The tightest TPOT among the tiers in `populated`: `_evaluate`'s batch time limit when no tier
@@ -281,8 +290,18 @@ class BudgetModel:
         """The batch plan while the tiers in bitmask `populated` have decoding requests (cached)."""
         cached = self._plans.get(populated)
         if cached is None:
+            if not self.max_spec_len and populated:  # _evaluate's batch is `_batch(_limit(populated), 0)`: kept?
+                kept = self._kept_batch(populated)
+                if kept is not None:
+                    n = len(self.tiers)
+                    # _evaluate's plan without speculation: lengths 0, costs (0 + 1) / 1.0 each
+                    cached = self._plans[populated] = DecodePlan(kept[1], kept[0], (0,) * n, (1.0,) * n)
+                    return cached
+                self._search = None
             members = [t for t in range(len(self.tiers)) if populated >> t & 1]
             cached = self._evaluate(members, self.spec_len)
+            if not self.max_spec_len and members and cached.batch_tokens > 0.0:
+                self._remember(populated, self._limit(populated), cached.batch_tokens, cached.batch_time_s)
             if cached.batch_tokens <= 0.0:  # not one token fits at the tightest pace: the idle plan's pace
                 cached = self._evaluate([], self.spec_len)
             self._plans[populated] = cached

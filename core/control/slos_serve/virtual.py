@@ -139,6 +139,7 @@ class VirtualReplica:
             context_tokens=sum(t.kv_tokens - t.decode_left for t in decoding),
             sequences=len(self.requests),
             knee_efficiency=settings.knee_efficiency,
+            memo=self.planner.batch_memo(tiers),
         )
 
     def held(self, now: float, *, best_effort: bool = True) -> list[Tracked]:
