@@ -313,48 +313,14 @@ class EngineReplica:
         where step_once would."""
         if self.prefilling or not self.decoding or self._stalls is not None or self.admits_head():
             return 0
+        # The steps run in stretches that need neither a new noise block nor a new step block (both are made
+        # only when a step is about to use them, as step_once makes them: a noise block draws from the shared
+        # rng). Within a stretch each step is priced, timed and stored with step_once's arithmetic, its end
+        # written through the block's memoryview (half numpy's item assignment: 666k steps in a 100k bench-chat
+        # run). The clock, the noise and the step blocks stay in locals from one batch to the next (154k
+        # batches in 92k calls); each batch reads what its completions changed (the cache, the decode rate).
         heap = self.decode_heap
-        ran = 0
-        while True:
-            ran, completing = self._decode_batch_steps(clock_floor, send_s, until_s, sample_s, ran)
-            if not completing:
-                return ran
-            # The step that completes requests: step_once's tail (its KV check cannot fire: kv + rate fit).
-            step = self.step
-            while heap and heap[0][0] <= step:
-                _, _, req = heapq.heappop(heap)
-                if req.alive:
-                    self._complete(req, step)
-            self.step = step + 1
-            if through_completions is None or not through_completions():
-                return ran
-            # What the caller's loop would test before its next call (the sample first: it samples there).
-            now = self.clock if self.clock > clock_floor else clock_floor
-            if now >= sample_s or now >= send_s or self.clock >= until_s or not self.decoding or self.admits_head():
-                return ran
-
-    def _decode_batch_steps(
-        self, clock_floor: float, send_s: float, until_s: float, sample_s: float, ran: int
-    ) -> tuple[int, bool]:
-        """run_decode_steps' steps of one batch: (steps run so far, whether the last one completes requests).
-        On `True`, self.step is the completing step (not yet advanced past it).
-
-        The steps run in stretches that need neither a new noise block nor a new step block (both are made
-        only when a step is about to use them, as step_once makes them: a noise block draws from the shared
-        rng). Within a stretch each step is priced, timed and stored with step_once's arithmetic, its end
-        written through the block's memoryview (half numpy's item assignment: 666k steps in a 100k bench-chat
-        run)."""
-        heap = self.decode_heap
-        first_finish = heap[0][0] if heap else math.inf
-        costs = self._decode_terms.get(self.decoding)
-        if costs is None:
-            costs = self._decode_terms[self.decoding] = self.model.decode_step_costs(self.decoding, self.width)
-        floor_s, varying, single = costs
-        if single is not None:
-            single_fixed, single_k_ctx, single_tail = single
-        rate = self.decode_rate
         capacity = self.kv_capacity
-        kv = self.kv_used
         clock = self.clock
         busy = self.busy_s
         generated = self.generated_tokens
@@ -363,7 +329,6 @@ class EngineReplica:
         i = self._noise_i
         times = self._step_view
         base = self._block_base
-        completing = False
         # The caller's tests on max(clock, clock_floor), split (for floats, max(c, f) < x is c < x and f < x):
         # the floor's half is fixed for the run, so a step starts while clock < start_limit, and the run stops
         # after a step whose clock reaches sample_limit. After a step that completes nothing, both tests come
@@ -371,77 +336,104 @@ class EngineReplica:
         start_limit = (until_s if until_s < send_s else send_s) if clock_floor < send_s else -math.inf
         sample_limit = sample_s if clock_floor < sample_s else -math.inf
         stop_limit = start_limit if start_limit < sample_limit else sample_limit
-        while step <= first_finish and clock < start_limit and kv + rate <= capacity:
-            if i >= NOISE_BLOCK:
-                self._noise = noise = self._noise_block()
-                i = 0
-            if step - base >= STEP_BLOCK:
-                self._next_step_block()
-                times = self._step_view
-                base = self._block_base
-            # The stretch ends at the completing step, the block's last step or the noise block's last draw.
-            last = first_finish
-            if base + (STEP_BLOCK - 1) < last:
-                last = base + (STEP_BLOCK - 1)
-            if step + (NOISE_BLOCK - 1 - i) < last:
-                last = step + (NOISE_BLOCK - 1 - i)
-            j = step - base
-            last_j = last - base
-            i_first = i
-            stopped = False
+        ran = 0
+        while True:
+            # One batch: its steps up to the decode heap's earliest finish step.
+            first_finish = heap[0][0] if heap else math.inf
+            costs = self._decode_terms.get(self.decoding)
+            if costs is None:
+                costs = self._decode_terms[self.decoding] = self.model.decode_step_costs(self.decoding, self.width)
+            floor_s, varying, single = costs
             if single is not None:
-                while True:
-                    value = single_fixed + single_k_ctx * kv + single_tail
-                    dt = (value if value > floor_s else floor_s) * noise[i]
-                    i += 1
-                    clock += dt
-                    busy += dt
-                    times[j] = clock
-                    kv += rate
-                    generated += rate
-                    if j == last_j:
-                        break
-                    j += 1
-                    if not (clock < stop_limit and kv + rate <= capacity):
-                        stopped = True
-                        break
-            else:
-                while True:
-                    best = floor_s
-                    for fixed, k_ctx, spec_part, seq_part in varying:
-                        value = fixed + k_ctx * kv + spec_part + seq_part
-                        if value > best:
-                            best = value
-                    dt = best * noise[i]
-                    i += 1
-                    clock += dt
-                    busy += dt
-                    times[j] = clock
-                    kv += rate
-                    generated += rate
-                    if j == last_j:
-                        break
-                    j += 1
-                    if not (clock < stop_limit and kv + rate <= capacity):
-                        stopped = True
-                        break
-            ran += i - i_first
-            step = base + j
-            if stopped:
-                break
-            if step == first_finish:
-                completing = True
-                break
+                single_fixed, single_k_ctx, single_tail = single
+            rate = self.decode_rate
+            kv = self.kv_used
+            completing = False
+            while step <= first_finish and clock < start_limit and kv + rate <= capacity:
+                if i >= NOISE_BLOCK:
+                    self._noise = noise = self._noise_block()
+                    i = 0
+                if step - base >= STEP_BLOCK:
+                    self._next_step_block()
+                    times = self._step_view
+                    base = self._block_base
+                # The stretch ends at the completing step, the block's last step or the noise block's last draw.
+                last = first_finish
+                if base + (STEP_BLOCK - 1) < last:
+                    last = base + (STEP_BLOCK - 1)
+                if step + (NOISE_BLOCK - 1 - i) < last:
+                    last = step + (NOISE_BLOCK - 1 - i)
+                j = step - base
+                last_j = last - base
+                i_first = i
+                stopped = False
+                if single is not None:
+                    while True:
+                        value = single_fixed + single_k_ctx * kv + single_tail
+                        dt = (value if value > floor_s else floor_s) * noise[i]
+                        i += 1
+                        clock += dt
+                        busy += dt
+                        times[j] = clock
+                        kv += rate
+                        generated += rate
+                        if j == last_j:
+                            break
+                        j += 1
+                        if not (clock < stop_limit and kv + rate <= capacity):
+                            stopped = True
+                            break
+                else:
+                    while True:
+                        best = floor_s
+                        for fixed, k_ctx, spec_part, seq_part in varying:
+                            value = fixed + k_ctx * kv + spec_part + seq_part
+                            if value > best:
+                                best = value
+                        dt = best * noise[i]
+                        i += 1
+                        clock += dt
+                        busy += dt
+                        times[j] = clock
+                        kv += rate
+                        generated += rate
+                        if j == last_j:
+                            break
+                        j += 1
+                        if not (clock < stop_limit and kv + rate <= capacity):
+                            stopped = True
+                            break
+                ran += i - i_first
+                step = base + j
+                if stopped:
+                    break
+                if step == first_finish:
+                    completing = True
+                    break
+                step += 1
+                if clock >= sample_limit:
+                    break
+            self.kv_used = kv
+            self.clock = clock
+            self.busy_s = busy
+            self.generated_tokens = generated
+            self.step = step
+            self._noise_i = i
+            if not completing:
+                return ran
+            # The step that completes requests: step_once's tail (its KV check cannot fire: kv + rate fit).
+            while heap and heap[0][0] <= step:
+                _, _, req = heapq.heappop(heap)
+                if req.alive:
+                    self._complete(req, step)
             step += 1
-            if clock >= sample_limit:
-                break
-        self.kv_used = kv
-        self.clock = clock
-        self.busy_s = busy
-        self.generated_tokens = generated
-        self.step = step
-        self._noise_i = i
-        return ran, completing
+            self.step = step
+            if through_completions is None or not through_completions():
+                return ran
+            # What the caller's loop would test before its next call (the sample first: it samples there).
+            now = clock if clock > clock_floor else clock_floor
+            if now >= sample_s or now >= send_s or clock >= until_s or not self.decoding or self.admits_head():
+                return ran
 
     def step_once(self) -> bool:
         """Form one batch and execute it. Returns False when there was nothing to run.
