@@ -313,6 +313,19 @@ class EngineReplica:
         where step_once would."""
         if self.prefilling or not self.decoding or self._stalls is not None or self.admits_head():
             return 0
+        return self.decode_run(clock_floor, send_s, until_s, sample_s, through_completions)
+
+    def decode_run(
+        self,
+        clock_floor: float,
+        send_s: float,
+        until_s: float,
+        sample_s: float,
+        through_completions: Callable[[], bool] | None,
+    ) -> int:
+        """run_decode_steps past its entry test (nothing prefilling, requests decoding, no stalls, no admission
+        due), which the caller has made: fcfs's hot loop (engine._advance_passthrough) tests the admission
+        itself first (98k of its 183k calls would return at once), so the test is not made twice."""
         # The steps run in stretches that need neither a new noise block nor a new step block (both are made
         # only when a step is about to use them, as step_once makes them: a noise block draws from the shared
         # rng). Within a stretch each step is priced, timed and stored with step_once's arithmetic, its end
@@ -593,7 +606,10 @@ class EngineReplica:
             # _run_chunks' and _step_span's usual case written out (one token a step, one run, one step block):
             # the timeline is a view, and its last entry is this step's end.
             times = self._step_blocks[block][offset : offset + step - first + 1]
-            self.on_complete(req, float(times[-1]), times, None)
+            # Its end read through the current block's memoryview (a float at once) when the step is there (it
+            # is: a completion comes at the step just run), else as a numpy element.
+            at = step - self._block_base
+            self.on_complete(req, self._step_view[at] if at >= 0 else float(times[-1]), times, None)
             return
         run_tokens = req.spec.output_tokens - req.generated
         times, sizes = self._run_chunks(req, step, run_tokens)
