@@ -171,6 +171,10 @@ class RunController:
                     f"p99 {p99:.3f} s{slo}, goodput {summary.goodput_rps:.2f} req/s over {summary.requests} requests."
                 )
             self.app.notify(f"{said} Press f to export a factsheet.", title="Run finished")
+            # What the batch prints on stderr besides the verdict (failed requests and their cause, nothing
+            # measured): the same report, so the console and `--batch` cannot tell a user different things.
+            for warning in JOBS["run"].report(result, ctx).warnings:
+                self.app.notify(warning, title="About this run", severity="warning", timeout=30)
 
     def _fail(self, title: str, exc: BaseException, fix: str | None = None) -> None:
         self.state.session.run_state = "failed"

@@ -26,7 +26,8 @@ from core.events import Event, EventSink, make_event
 from core.exit_codes import ExitCode
 from core.jobs.options import BACKEND_KINDS, JOB_NAMES, BackendKind, JobName, OperatorOptions, UsageError
 from core.jobs.run import RunOptions, RunResult, as_run, run_workload, summary_event
-from core.metrics.verdict import slo_verdict
+from core.metrics.failure_causes import failure_causes, failures_line
+from core.metrics.verdict import FAULT_STATUSES, slo_verdict
 from core.profile import Profile, TunerSpec
 
 if TYPE_CHECKING:
@@ -135,6 +136,9 @@ def _run_report(result: RunResult, ctx: JobContext) -> JobReport:
             + ("" if rows is None else f"; trace rows {rows['used']} of {rows['total']}")
         ],
     )
+    faulted = sum(s.failed_by_status.get(status, 0) for status in FAULT_STATUSES)
+    if faulted and result.records:
+        report.warnings.append(failures_line(failure_causes(result.records), faulted, s.requests) + _fix_for(result))
     if result.interrupted:
         report.status = ExitCode.INTERRUPTED
         report.warnings.append("interrupted: the summary covers the requests finished before Ctrl-C")
@@ -148,6 +152,19 @@ def _run_report(result: RunResult, ctx: JobContext) -> JobReport:
             f"warm-up (workload.warmup_requests, warmup_s); ask for more with --requests or --duration"
         )
     return report
+
+
+def _fix_for(result: RunResult) -> str:
+    """The fix for the one cause a profile can state wrongly by itself: requests longer than the context."""
+    context_bound = any(
+        "max_model_len" in (r.error or "") or "context length" in (r.error or "") for r in result.records
+    )
+    if not context_bound:
+        return "; the error field of requests.jsonl (--out) has each request's message"
+    return (
+        "; the prompts and outputs must fit the model's context: lower the profile's prompt_tokens/output_tokens"
+        " max, or serve (or, in the simulator, calibrate) a model with a longer max_model_len"
+    )
 
 
 def _run_factsheet(result: RunResult, ctx: JobContext) -> Factsheet:

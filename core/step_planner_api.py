@@ -50,6 +50,10 @@ class StepRequest:
     run_tokens: int = 0  # tokens decoded in this run after its prefill (KV growth, not block-rounded)
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int] = field(default_factory=list)
+    # With a planner that takes lazy timelines (`StepPlanner.lazy_timelines`), a decoding request is also owed a
+    # token at each of the replica's `stretch_log[owed_from:]` (stretch steps not yet written into the fields
+    # above: out_left, run_tokens and the chunk lists lag by that many until the replica settles them).
+    owed_from: int = 0
     # What the planner keeps of this request (AdaServe's SLO and randomness ahead), dropped with the request
     # when it finishes (a planner's dict of them would have to be emptied on every completion).
     planned: Any = None
@@ -97,6 +101,9 @@ class StepReplicaView(Protocol):
     waiting: deque[StepRequest]
     prefilling: list[StepRequest]
     decoding: list[StepRequest]
+    # The ends of stretch steps not yet written into the decoding requests' timelines (planners with
+    # `lazy_timelines` only): a decoding request's true tokens left are out_left - (len(stretch_log) - owed_from).
+    stretch_log: list[float]
 
     @property
     def running(self) -> int:
@@ -109,6 +116,10 @@ class StepPlanner(Protocol):
 
     #: Draw each request's acceptance rate on arrival even when the knobs turn speculation off.
     wants_acceptance: bool
+    # `lazy_timelines`, optional (looked up with getattr, False when absent): True lets the replica leave a
+    # stretch's tokens owed to the decoding requests (StepRequest.owed_from) until `plan`, a completion or a
+    # preemption needs them; the planner then reads a decoding request's out_left only in `plan` or as the
+    # view's stretch_log says.
 
     def plan(self, replica: StepReplicaView, now: float) -> BatchPlan: ...
 

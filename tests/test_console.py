@@ -713,3 +713,21 @@ async def test_a_live_run_generates_load_off_the_ui_loop() -> None:
 
     assert seen["thread"] is not threading.main_thread() and seen["thread"].name == "slo-console-load"
     assert seen["loop"] is not ui_loop
+
+
+async def test_a_run_whose_requests_fail_says_why_as_the_batch_does(tmp_path: Path) -> None:
+    """Prompts past the model's context fail; the console's toast carries the batch's cause-and-fix line."""
+    profile = tmp_path / "long.yaml"
+    profile.write_text(
+        "name: long\nseed: 3\nworkload:\n  arrival: {kind: poisson, rate_rps: 20}\n  requests: 60\n  tasks:\n"
+        "    - name: rag\n      prompt_tokens: {dist: lognormal, mean: 3500, sigma: 0.3, max: 8000}\n"
+        "      output_tokens: {dist: fixed, value: 20}\nslo: {e2e_s: 60.0}\n"
+        "engine: {calibration: calibrations/llama-7b-a100.yaml}\n"
+    )
+    app = create_app(str(profile), speed=None)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await wait_until(pilot, lambda: app.state.session.run_state == "finished")
+        batch = run_batch("--profile", str(profile)).stderr
+        [said] = [n.message for n in app._notifications if "requests failed:" in n.message]
+        assert said in batch and "exceeds max_model_len 4096" in said
+        await pilot.press("q")

@@ -119,3 +119,20 @@ def test_no_gaps() -> None:
     records = [rec(0, chunks=[0.3]), rec(1), rec(2, chunks=[1.0, 2.0], status=Status.ERROR)]
     mean, ps = _streamed(records)
     assert math.isnan(mean) and all(math.isnan(v) for v in ps)
+
+
+@pytest.mark.parametrize("draw", sorted(GAP_DRAWS))
+@pytest.mark.parametrize("leaf", [128, 200, 1 << 15])
+def test_unordered_blocks_hold_every_gap_once(draw: str, leaf: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The selection's blocks: every gap of the series once (in record order, here), and each seam a copy of
+    the gap before it, so that its value is one of the gaps (its order key keeps a block's sign test)."""
+    monkeypatch.setattr(itl, "_LEAF", leaf)
+    records = _records(np.random.default_rng(7), 800, GAP_DRAWS[draw](np.random.default_rng(8)))
+    series = itl.GapSeries(records, np.array([r.ok for r in records], dtype=bool))
+    kept = []
+    for gaps, seams in series.unordered_blocks():
+        assert np.array_equal(gaps[seams], gaps[seams - 1], equal_nan=True)
+        keep = np.ones(len(gaps), dtype=bool)
+        keep[seams] = False
+        kept.append(gaps[keep])
+    assert np.array_equal(np.concatenate(kept).view(np.int64), _materialised(records).view(np.int64))

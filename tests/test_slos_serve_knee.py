@@ -141,3 +141,68 @@ def test_a_batchs_time_is_its_step_time(model: StepTimeModel) -> None:
         assert duration == max(model.step_time(tokens, ctx, spec, seqs), 1e-9), (efficiency, ctx, seqs, spec, limit)
         checked += 1
     assert checked == 4 * 3 * 3 * 2 * 4
+
+
+@pytest.mark.parametrize("model", _models())
+def test_batch_at_kept_answers_equal_the_plans_batch_along_a_stretch(model: StepTimeModel) -> None:
+    """batch_at keeps its answer per tier mask with the bounds under which another KV gives the same one
+    (BudgetModel._remember): one model moved along the KVs of long stretches (up through the KV where the
+    memory term overtakes the knee's compute time, back down, and jumping) answers as a model built for each
+    KV, asked `plan`; and on llama-7b-a100 (a memory and a compute term) most answers come from the memo."""
+    kept = asked = 0
+    kvs = [float(kv) for kv in range(0, 110_000, 733)]
+    kvs += [*kvs[::-3], 917.0, 250_000.0, 40_000.0, 40_001.0, 0.0, 61_000.0]
+    for efficiency, seqs, tiers in itertools.product((None, 0.95, 1.0), (7, 64), ([0.09], [0.045, 0.09, 2.0])):
+        moved = BudgetModel(model, tiers, max_batch_tokens=2048, sequences=seqs, knee_efficiency=efficiency)
+        for kv, populated in itertools.product(kvs, range(1, 1 << len(tiers))):
+            fresh = BudgetModel(
+                model, tiers, max_batch_tokens=2048, context_tokens=kv, sequences=seqs, knee_efficiency=efficiency
+            )
+            plan = fresh.plan(populated)
+            computed = moved._search = None
+            answer = moved.batch_at(kv, populated)
+            assert answer == (plan.batch_tokens, plan.batch_time_s), (kv, populated, tiers, seqs, efficiency)
+            computed = moved._search is not None
+            asked += 1
+            kept += efficiency is not None and not computed
+    if model.terms == _models()[0].terms:
+        assert kept > 0.3 * asked
+    # KV by KV where the memory term crosses the compute time at the knee (each bound binds there in turn).
+    for seqs in (7, 64):
+        moved = BudgetModel(model, [0.09], max_batch_tokens=2048, sequences=seqs, knee_efficiency=0.95)
+        for kv in range(30_000, 80_000, 3):
+            fresh = BudgetModel(
+                model, [0.09], max_batch_tokens=2048, context_tokens=kv, sequences=seqs, knee_efficiency=0.95
+            )
+            plan = fresh.plan(1)
+            assert moved.batch_at(float(kv), 1) == (plan.batch_tokens, plan.batch_time_s), (kv, seqs)
+
+
+@pytest.mark.parametrize("model", _models())
+def test_models_sharing_kept_batches_plan_as_fresh_ones(model: StepTimeModel) -> None:
+    """The admission DP's and the virtual replica's BudgetModels share their kept batches (`memo`, one per
+    tiers): a model built on a memo that models at other KVs and sequence counts filled plans as a model
+    built without one, for every tier mask; and on llama-7b-a100 most plans come from the memo."""
+    for efficiency, tiers in itertools.product((None, 0.95), ([0.09], [0.045, 0.09, 2.0])):
+        memo: dict[tuple[int, int], tuple[object, ...]] = {}
+        kept = asked = 0
+        for kv, seqs in itertools.product(range(0, 120_000, 2_741), (3, 7, 64)):
+            shared = BudgetModel(
+                model,
+                tiers,
+                max_batch_tokens=2048,
+                context_tokens=kv,
+                sequences=seqs,
+                knee_efficiency=efficiency,
+                memo=memo,
+            )
+            fresh = BudgetModel(
+                model, tiers, max_batch_tokens=2048, context_tokens=kv, sequences=seqs, knee_efficiency=efficiency
+            )
+            for populated in range(1 << len(tiers)):
+                shared._search = None
+                assert shared.plan(populated) == fresh.plan(populated), (kv, seqs, populated, tiers, efficiency)
+                asked += 1
+                kept += populated > 0 and shared._search is None and efficiency is not None
+        if model.terms == _models()[0].terms and efficiency is not None:
+            assert kept > 0.15 * asked, (kept, asked)

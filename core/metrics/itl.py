@@ -71,6 +71,25 @@ class GapSeries:
         offset = lo - (int(ends[first - 1]) if first else 0)
         return gaps[offset : offset + (hi - lo)]
 
+    def unordered_blocks(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Every gap once, for a pass that does not care about their order or their blocks' bounds (the
+        selection): (gaps, seams) for groups of whole records of about _LEAF gaps, where `seams` are the
+        positions that join one record to the next. Those are not gaps: each holds a copy of the gap before
+        it (its record's last), so that every value in the array is a gap, and the caller drops them. That
+        spares `block`'s mask and compaction of each block."""
+        ends = self._ends
+        times = self._times
+        start = 0
+        while start < len(times):
+            base = int(ends[start - 1]) if start else 0
+            stop = max(int(np.searchsorted(ends, base + _LEAF, side="right")), start + 1)
+            gaps = np.diff(np.concatenate(times[start:stop]).astype(float, copy=False))
+            # Record j's last chunk sits at (its gaps up to it) + (j + 1 chunks of the records so far) - 1.
+            seams = ends[start : stop - 1] - base + np.arange(start, stop - 1) - (start - 1) - 1
+            gaps[seams] = gaps[seams - 1]
+            yield gaps, seams
+            start = stop
+
     def blocks(self) -> Iterator[np.ndarray]:
         """The whole series, in blocks of at most _LEAF gaps laid out as `_pairwise_sum` splits it."""
         for lo, n in _leaves(0, len(self)):
@@ -205,8 +224,9 @@ def _select(series: GapSeries, histogram: _BinCounts, ranks: list[int]) -> dict[
     slot_of_bin[positions] = np.arange(len(positions))
     members = [np.empty(int(histogram.counts[p])) for p in positions]
     filled = [0] * len(positions)
-    for gaps in series.blocks():
+    for gaps, seams in series.unordered_blocks():
         slot = slot_of_bin[_bins(gaps) - histogram.first]
+        slot[seams] = -1  # the joins between records are no gaps
         # The few gaps in a wanted bin first (one pass over the block: their positions, then two gathers of a
         # few percent of it, where two boolean masks would each pass over all of it), then each bin's among them.
         wanted = np.flatnonzero(slot >= 0)

@@ -58,6 +58,7 @@ class SloCheck:
     target: float | None
     unit: str = "s"
     target_label: str = "SLO"
+    share_word: str = "missed"  # for a share ("%"): what the share's requests did, "missed" or "failed"
 
     @property
     def state(self) -> VerdictState:
@@ -79,7 +80,7 @@ class SloCheck:
         """The verdict alone: "violated by 9%", "met with 30% to spare", "unknown" (no value), "no SLO"."""
         margin = self.margin
         if self.unit == "%" and self.state in ("met", "violated"):  # a share against a share: say both
-            return f"{self.state}, {self.value:.1f}% missed (p99 allows {self.target:g}%)"
+            return f"{self.state}, {self.value:.1f}% {self.share_word} (p99 allows {self.target:g}%)"
         if self.state == "violated":
             assert margin is not None
             return f"violated by {_share(margin)}"
@@ -100,9 +101,17 @@ class SloCheck:
         return f"{self.comparison()}: {self.short()}"
 
 
-def check_slo(metric: str, value: Any, target: float | None, *, unit: str = "s", target_label: str = "SLO") -> SloCheck:
+def check_slo(
+    metric: str,
+    value: Any,
+    target: float | None,
+    *,
+    unit: str = "s",
+    target_label: str = "SLO",
+    share_word: str = "missed",
+) -> SloCheck:
     """A check of `value` (None, NaN or inf: not measured) against `target` (None: no SLO set)."""
-    return SloCheck(metric, _finite(value), target, unit, target_label)
+    return SloCheck(metric, _finite(value), target, unit, target_label, share_word)
 
 
 def _state_of(checks: tuple[SloCheck, ...]) -> VerdictState:
@@ -241,6 +250,36 @@ def _per_request_verdict(summary: Mapping[str, Any], counts: dict[str, int | Non
     return SloVerdict((_own_slo_check(summary),), per_task, **counts)
 
 
+# Faults, not policy: a request that errored, timed out or was cancelled. Rejected and deferred requests are a
+# scheduling mode's decision, judged by its attainment and goodput; not-sent ones are the client's account.
+FAULT_STATUSES = ("error", "timeout", "cancelled")
+
+
+def _fault_checks(summary: Mapping[str, Any]) -> tuple[SloCheck, ...]:
+    """The share of requests that failed, against the 1% the p99 constraint allows, where any failed.
+
+    Percentiles are over completed requests (DESIGN: failures are counted separately), so a run where most
+    requests failed (prompts longer than the model's context, a crashing server) can show a p99 well under
+    its SLO. Under p99 <= SLO at most 1% of requests may miss it, and a failed request missed it, so more
+    than 1% failed is a violation whatever the completed requests' p99 says."""
+    requests = summary.get("requests")
+    by_status = summary.get("failed_by_status") or {}
+    faults = sum(int(by_status.get(status, 0) or 0) for status in FAULT_STATUSES)
+    if not faults or not isinstance(requests, int) or requests <= 0:
+        return ()
+    share = 100.0 * faults / requests
+    return (
+        check_slo(
+            "requests failed",
+            share,
+            OWN_SLO_MISS_ALLOWED_PERCENT,
+            unit="%",
+            target_label="p99 allows",
+            share_word="failed",
+        ),
+    )
+
+
 def _checks(summary: Mapping[str, Any], slo: SLOSpec | None, figures: tuple[tuple[str, str, str], ...]) -> tuple:
     if slo is None:
         return ()
@@ -262,8 +301,10 @@ def slo_verdict(summary: Mapping[str, Any], profile: Profile) -> SloVerdict:
     if profile.workload.trace is not None:
         return _per_request_verdict(summary, counts)
     tasks = profile.workload.tasks
+    faults = _fault_checks(summary)
     if not any(task.slo is not None for task in tasks):
-        return SloVerdict(_checks(summary, profile.slo, SLO_FIGURES), **counts)
+        checks = _checks(summary, profile.slo, SLO_FIGURES)
+        return SloVerdict(checks + faults if checks else (), **counts)
     per_task_figures = summary.get("per_task") or {}
     per_task: dict[str, SloVerdict] = {}
     for task in tasks:
@@ -273,4 +314,4 @@ def slo_verdict(summary: Mapping[str, Any], profile: Profile) -> SloVerdict:
         checks = _checks(stats, task.slo or profile.slo, SLO_FIGURES)
         if checks:
             per_task[task.name] = SloVerdict(checks, requests=stats.get("requests"), completed=stats.get("completed"))
-    return SloVerdict((), per_task, **counts)
+    return SloVerdict(faults if per_task else (), per_task, **counts)

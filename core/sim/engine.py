@@ -450,7 +450,8 @@ class SimEngine:
         replica's and the sampler's tests inlined."""
         clients = self.clients
         replica = self.replicas[0]
-        decode_runs = self._decode_runs
+        # run_decode_steps' entry test is made here, the stall clock's part once (replica.decode_run).
+        decode_runs = self._decode_runs and replica._stalls is None
         through_completions = self._runs_through_completions
         sampling = self.on_sample is not None
         while not self.finished:
@@ -464,14 +465,16 @@ class SimEngine:
             if (
                 not (
                     decode_runs
+                    and replica.decoding
+                    and not replica.prefilling
                     # A waiting request the next step admits (after each arrival): run_decode_steps would return 0.
                     and not (replica.waiting and replica.admits_head())
-                    and replica.run_decode_steps(
+                    and replica.decode_run(
                         self.clock,
                         clients.next_send_time(),
                         until_s,
                         self._next_sample_s if sampling else math.inf,
-                        through_completions=through_completions,
+                        through_completions,
                     )
                 )
                 and not replica.step_once()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from core.sim.replica import CompletionCallback, EngineReplica, SimRequest
 from core.step_planner_api import BatchPlan, StepPlanner, StepRequest, draw_accepted, plan_fcfs_prefill
 
 _second = itemgetter(1)  # (request, tokens) -> tokens
+_admitted_order = attrgetter("admitted_order")
 
 
 class FcfsStepPlanner:
@@ -73,6 +74,11 @@ class StepwiseReplica(EngineReplica):
         self.prefilling: list[StepRequest] = []  # type: ignore[assignment]
         self.decoding: list[StepRequest] = []  # type: ignore[assignment]
         self.admitted: list[StepRequest] = []  # admission order, for LIFO preemption
+        # Lazy timelines (a planner's `lazy_timelines`): the ends of the stretch steps whose token each decoding
+        # request is still owed from its `owed_from` on. A stretch segment appends its steps here instead of
+        # extending ~20 timelines; `plan` (step_once), a completion or a preemption settles them first.
+        self.stretch_log: list[float] = []
+        self._lazy = bool(getattr(planner, "lazy_timelines", False))
 
     def enqueue(self, req: SimRequest, now: float) -> None:
         self._wake_at(now)
@@ -90,6 +96,8 @@ class StepwiseReplica(EngineReplica):
         return len(self.admitted)
 
     def step_once(self) -> bool:
+        if self.stretch_log:
+            self._settle_all()  # the planner and the loop below read every decoding request's true state
         batch = self.planner.plan(self, self.clock)
         for victim in batch.preempt:  # the planner frees memory or a slot for a request it ranks higher
             self._preempt(victim)
@@ -202,7 +210,8 @@ class StepwiseReplica(EngineReplica):
         fits = check(self)  # asked before the min over the batch: a refusal then costs nothing
         if fits is None:
             return 0, False
-        most = min(item.out_left for item in decoding)  # the last of them completes a request
+        # The last of them completes a request: the fewest tokens left, less what the stretch log owes them.
+        most = min(item.out_left + item.owed_from for item in decoding) - len(self.stretch_log)
         n = len(decoding)
         step_time = self.model.step_time
         capacity = self.kv_capacity
@@ -230,7 +239,7 @@ class StepwiseReplica(EngineReplica):
         if prefill_chunks is None:
             return 0, False
         decoding = self.decoding
-        most = min((item.out_left for item in decoding), default=math.inf)
+        most = min((item.out_left + item.owed_from for item in decoding), default=math.inf) - len(self.stretch_log)
         n = len(decoding)
         step_time = self.model.step_time
         capacity = self.kv_capacity
@@ -278,22 +287,27 @@ class StepwiseReplica(EngineReplica):
         return ran, bool(started or admitted) and not completed and self.clock < sample_at
 
     def _decoded(self, ends: list[float], kv: float, most: float, started: list[StepRequest]) -> bool:
-        """A segment's end: every decoding request's token at each of `ends`, then step_once's tail for its last
-        step (the prefills it completed start decoding with their first token, then the completions, in
-        step_once's order; its KV check cannot fire: the segment stopped before any overflow). Whether a
-        request completed."""
+        """A segment's end: every decoding request's token at each of `ends` (owed through `stretch_log`, and
+        settled at once unless the planner takes lazy timelines), then step_once's tail for its last step (the
+        prefills it completed start decoding with their first token, then the completions, in step_once's
+        order; its KV check cannot fire: the segment stopped before any overflow). Whether a request
+        completed."""
         ran = len(ends)
         if not ran:
             return False
-        decoding = list(self.decoding)
+        log = self.stretch_log
+        log.extend(ends)
+        size = len(log)
+        decoding = self.decoding
         self.kv_used = kv
         self.generated_tokens += ran * len(decoding)
-        ones = [1] * ran
-        for item in decoding:
-            item.out_left -= ran
-            item.run_tokens += ran
-            item.chunk_times.extend(ends)
-            item.chunk_tokens.extend(ones)
+        done: list[StepRequest] = []
+        if ran == most:  # the last step completed requests: those owed their last token (before `started` join)
+            done = [item for item in decoding if item.out_left + item.owed_from == size]
+            for item in done:
+                self._settle(item)
+        if not self._lazy:
+            self._settle_all()
         now = ends[-1]
         self.step -= 1  # the last step's index while its tail is handled, as in step_once
         completed = False
@@ -305,13 +319,50 @@ class StepwiseReplica(EngineReplica):
             else:
                 self.prefilling.remove(item)
                 item.decoding = True
-                self.decoding.append(item)
-        if ran == most:  # the last step completed requests
-            for item in sorted((r for r in decoding if r.out_left == 0), key=lambda r: r.admitted_order):
+                item.owed_from = len(log)  # owed nothing of the steps before its first token
+                decoding.append(item)
+        if done:
+            done.sort(key=_admitted_order)
+            for item in done:
                 self._complete_item(item, now)
             completed = True
         self.step += 1
         return completed
+
+    def _settle(self, item: StepRequest) -> None:
+        """Write the stretch steps `item` is owed into its token count and timeline (one token at each)."""
+        log = self.stretch_log
+        start = item.owed_from
+        owed = len(log) - start
+        if owed:
+            item.out_left -= owed
+            item.run_tokens += owed
+            item.chunk_times.extend(log[start:] if start else log)
+            item.chunk_tokens.extend([1] * owed)
+            item.owed_from = len(log)
+
+    def _settle_all(self) -> None:
+        """Every decoding request's owed steps written in; the log starts again empty."""
+        log = self.stretch_log
+        size = len(log)
+        if size:
+            ones = [1] * size
+            for item in self.decoding:
+                start = item.owed_from
+                if start == 0:  # owed the whole log (the usual case: one list for all)
+                    item.out_left -= size
+                    item.run_tokens += size
+                    item.chunk_times.extend(log)
+                    item.chunk_tokens.extend(ones)
+                else:
+                    owed = size - start
+                    if owed:
+                        item.out_left -= owed
+                        item.run_tokens += owed
+                        item.chunk_times.extend(log[start:])
+                        item.chunk_tokens.extend(ones[:owed])
+                item.owed_from = 0
+            log.clear()
 
     def _emit_tokens(self, item: StepRequest, now: float, emitted: int, *, grows_kv: bool = True) -> None:
         item.out_left -= emitted

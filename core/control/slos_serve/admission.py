@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.control.slos_serve.budget import BudgetModel
 from core.step_time import StepTimeModel
@@ -94,13 +95,29 @@ class AdmissionPlanner:
     def __init__(self, model: StepTimeModel, settings: PlannerSettings) -> None:
         self.model = model
         self.settings = settings
+        # BudgetModel's kept batches (its `memo`), shared by the models of every decision with the same tiers: the
+        # step-time model, batch cap and knee are this planner's (a decision's models differ in KV and sequences).
+        self._memos: dict[tuple[float, ...], dict[tuple[int, int], tuple[Any, ...]]] = {}
+
+    def batch_memo(self, tiers: Sequence[float]) -> dict[tuple[int, int], tuple[Any, ...]]:
+        """The kept batches shared by this planner's BudgetModels on `tiers` (BudgetModel's `memo`)."""
+        key = tuple(tiers)
+        memo = self._memos.get(key)
+        if memo is None:
+            memo = self._memos[key] = {}
+        return memo
 
     def budget_model(self, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> BudgetModel:
-        tiers = tier_list([r.tpot_s for r in running] + [r.tpot_s for r in new])
-        index = {t: i for i, t in enumerate(tiers)}
-        reference = [0.0] * len(tiers)
-        for r in (*running, *new):
-            reference[index[r.tpot_s]] += 1.0
+        tpots = [r.tpot_s for r in running]
+        tpots += [r.tpot_s for r in new]
+        tiers = tier_list(tpots)
+        if len(tiers) == 1:
+            reference = [float(len(tpots))]  # 1.0 added that many times (exact: a count far below 2**53)
+        else:
+            index = {t: i for i, t in enumerate(tiers)}
+            reference = [0.0] * len(tiers)
+            for tpot in tpots:
+                reference[index[tpot]] += 1.0
         s = self.settings
         return BudgetModel(
             self.model,
@@ -112,6 +129,7 @@ class AdmissionPlanner:
             acceptance=s.acceptance,
             reference_counts=reference,
             knee_efficiency=s.knee_efficiency,
+            memo=self.batch_memo(tiers),
         )
 
     def slots_free(self, running: int, new: int) -> int:
@@ -128,8 +146,14 @@ class AdmissionPlanner:
         tier_of = {t: i for i, t in enumerate(tiers)}
         n_tiers = len(tiers)
 
-        decoders = [r for r in running if r.decoding and r.decode_tokens > 0]
-        forced = [r for r in running if not r.decoding]
+        # One pass, `decoding` (prefill_tokens <= 0) inline: the running requests are listed at every decision.
+        decoders: list[PlanRequest] = []
+        forced: list[PlanRequest] = []
+        for r in running:
+            if r.prefill_tokens > 0:
+                forced.append(r)
+            elif r.decode_tokens > 0:
+                decoders.append(r)
         # Visit order: by prefill deadline; a running request before a new one on a tie.
         visits: list[tuple[float, int, int, PlanRequest]] = [(r.prefill_deadline_s, 0, -1, r) for r in forced]
         visits += [(r.prefill_deadline_s, 1, pos, r) for pos, r in enumerate(new)]

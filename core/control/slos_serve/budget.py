@@ -20,6 +20,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from core.step_time import StepTimeModel, expected_accepted_tokens
 
@@ -66,6 +67,7 @@ class BudgetModel:
         acceptance: float = 0.0,
         reference_counts: Sequence[float] | None = None,
         knee_efficiency: float | None = None,
+        memo: dict[tuple[int, int], tuple[Any, ...]] | None = None,
     ) -> None:
         self.model = model
         self.knee_efficiency = knee_efficiency
@@ -82,6 +84,14 @@ class BudgetModel:
         # every coefficient but the base >= 0 (holds_decodes_between), when asked: the model's terms are fixed
         self._monotone: bool | None = None
         self._reference = list(reference_counts) if reference_counts is not None else [1.0] * len(self.tiers)
+        # The last batch worked out per (sequences, populated mask), with the bounds under which it holds at another KV
+        # (_remember); `memo` may be shared by models of the same step-time model, tiers, batch cap and knee (the
+        # admission DP's and the virtual replica's, one per decision).
+        self._batch_memo: dict[tuple[int, int], tuple[Any, ...]] = {} if memo is None else memo
+        # The model's terms split for it (_split_terms), worked out when batch_at first keeps an answer
+        self._split: tuple[list[tuple[float, ...]], list[tuple[float, ...]]] | None = None
+        self._split_known = False
+        self._search: tuple[dict[int, float], float, float] | None = None  # the last knee walk's (times, goal, longest)
         self.spec_len = self._choose_speculation(self._reference)
 
     def at_context(self, context_tokens: float) -> BudgetModel:
@@ -103,11 +113,75 @@ class BudgetModel:
         assert not self.max_spec_len, "batch_at: no speculation (the lengths would depend on the context)"
         self.at_context(context_tokens)
         if populated:
-            tokens, duration = self._batch(self._limit(populated), 0)  # _evaluate's limit and spec steps
+            kept = self._kept_batch(populated)
+            if kept is not None:
+                return kept
+            limit = self._limit(populated)
+            self._search = None
+            tokens, duration = self._batch(limit, 0)  # _evaluate's limit and spec steps
             if tokens > 0.0:
+                self._remember(populated, limit, tokens, duration)
                 return tokens, duration
         self._idle = self._batch(None, 0)  # plan's idle fallback (as `_evaluate([], ...)` caches it)
         return self._idle
+
+    def _kept_batch(self, populated: int) -> tuple[float, float] | None:
+        """`_batch(_limit(populated), 0)` at this model's KV where a batch kept for these sequences and tiers holds
+        here (see _remember: the KV moves only terms that take no token cost, and they stay within every bound)."""
+        memo = self._batch_memo.get((self.sequences, populated))
+        if memo is None:
+            return None
+        tokens, duration, limit, lowest, longest, goal, need, kv_terms = memo
+        ctx, seqs = self.context_tokens, self.sequences
+        for base, _, per_ctx, per_spec, per_seq in kv_terms:
+            fixed = base + per_ctx * ctx + per_spec * 0 + per_seq * seqs
+            if fixed > limit or fixed > lowest or not fixed * 1e6 >= longest or goal * fixed / 1.0 > need:
+                return None
+        return tokens, duration
+
+    def _remember(self, populated: int, limit: float, tokens: float, duration: float) -> None:
+        """Keep batch_at's answer at this KV where it is the same at every KV that passes batch_at's test.
+
+        Where each roofline term either has no KV cost or no token cost (a memory term: weights and KV read; a
+        compute term: the tokens), the KV moves only the memory terms' value, the same at every batch size:
+        `fixed` below, as tokens_within, _knee_estimate and step_time each add it up (step_time's 0.0 x tokens
+        adds nothing). The knee walk (its guess solved per term, then `enough` at a few sizes) then follows the
+        same path with the same floats at another KV as long as every memory term there (1) stays within the
+        TPOT limit (tokens_within returns 0.0 past it, and only the compute terms size the batch), (2) stays at
+        or below the compute terms' step time at every size the walk priced (so each step_time is the compute
+        terms' value, as here), and, in _knee_estimate, (3) keeps its fixed cost at least a millionth of the
+        longest step and (4) needs no more tokens than the compute terms (goal x fixed / room; the guess is the
+        ceiling of their max, 1.0 included). Kept only where the walk ran here and all four hold here too."""
+        search = self._search
+        if not self._split_known:
+            self._split, self._split_known = _split_terms(self.model), True
+        split = self._split
+        if search is None or split is None or int(tokens) not in search[0]:
+            return  # no walk (no knee, a one-token batch, or the bisection) or a term with both costs
+        times, goal, longest = search
+        kv_terms, other_terms = split
+        seqs, ctx = self.sequences, self.context_tokens
+        lowest = math.inf  # the compute terms' step time at the smallest of the sizes the walk priced
+        for size in times:
+            value = 0.0  # step_time's loop over the compute terms alone
+            for base, k_tok, k_ctx, k_spec, k_seq in other_terms:
+                value_term = base + k_tok * size + k_ctx * ctx + k_spec * 0 + k_seq * seqs
+                if value_term > value:
+                    value = value_term
+            if value < lowest:
+                lowest = value
+        need = 1.0  # _knee_estimate's max over the compute terms
+        for base, per_token, per_ctx, per_spec, per_seq in other_terms:
+            fixed = base + per_ctx * ctx + per_spec * 0 + per_seq * seqs
+            room = 1.0 - goal * per_token
+            if not fixed * 1e6 >= longest or not room > 0.0:
+                return
+            need = max(need, goal * fixed / room)
+        for base, _, per_ctx, per_spec, per_seq in kv_terms:  # _kept_batch's test, here
+            fixed = base + per_ctx * ctx + per_spec * 0 + per_seq * seqs
+            if fixed > limit or fixed > lowest or not fixed * 1e6 >= longest or goal * fixed / 1.0 > need:
+                return
+        self._batch_memo[seqs, populated] = (tokens, duration, limit, lowest, longest, goal, need, kv_terms)
 
     def _limit(self, populated: int) -> float:
         """The tightest TPOT among the tiers in `populated`: `_evaluate`'s batch time limit when no tier
@@ -160,6 +234,7 @@ class BudgetModel:
         # flips once and the bisection's answer is the smallest batch where it holds. Solved per term, then
         # confirmed on `enough` itself and moved a token at a time: the same answer from a few step times
         # instead of a dozen (this runs at every engine step).
+        self._search = (times, goal, longest)  # for batch_at's memo (_remember)
         tokens = min(max(guess, 1), high)
         if enough(tokens):
             while tokens > 1 and enough(tokens - 1):
@@ -215,8 +290,18 @@ class BudgetModel:
         """The batch plan while the tiers in bitmask `populated` have decoding requests (cached)."""
         cached = self._plans.get(populated)
         if cached is None:
+            if not self.max_spec_len and populated:  # _evaluate's batch is `_batch(_limit(populated), 0)`: kept?
+                kept = self._kept_batch(populated)
+                if kept is not None:
+                    n = len(self.tiers)
+                    # _evaluate's plan without speculation: lengths 0, costs (0 + 1) / 1.0 each
+                    cached = self._plans[populated] = DecodePlan(kept[1], kept[0], (0,) * n, (1.0,) * n)
+                    return cached
+                self._search = None
             members = [t for t in range(len(self.tiers)) if populated >> t & 1]
             cached = self._evaluate(members, self.spec_len)
+            if not self.max_spec_len and members and cached.batch_tokens > 0.0:
+                self._remember(populated, self._limit(populated), cached.batch_tokens, cached.batch_time_s)
             if cached.batch_tokens <= 0.0:  # not one token fits at the tightest pace: the idle plan's pace
                 cached = self._evaluate([], self.spec_len)
             self._plans[populated] = cached
@@ -297,6 +382,20 @@ class BudgetModel:
         """Prefill tokens per second left while `counts[l]` requests decode in tier l at their TPOT
         (negative: the decodes alone do not fit)."""
         return self._rate(self.plan(populated), counts)
+
+
+def _split_terms(model: StepTimeModel) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]] | None:
+    """The model's terms as (those with a KV cost, the others), each in the model's order; None where a term has
+    both a KV and a token cost (batch_at's memo then keeps nothing)."""
+    kv_terms, others = [], []
+    for term in model.terms:
+        if term[2] == 0.0:
+            others.append(term)
+        elif term[1] == 0.0:
+            kv_terms.append(term)
+        else:
+            return None
+    return kv_terms, others
 
 
 def bisect_knee(

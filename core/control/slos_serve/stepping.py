@@ -88,12 +88,16 @@ class SlosServeStepPlanner:
         self.settings = settings
         self.slos = slos  # ControlledRequest -> (TTFT SLO, TPOT SLO)
         self.wants_acceptance = settings.max_spec_len > 0
+        # The replica may leave a stretch's tokens owed to the decoding requests (StepRequest.owed_from): `plan`
+        # runs only after it settles them, the checks read no decoding request's tokens, and `sync` counts the log.
+        self.lazy_timelines = True
         self.replica: Any = None  # the StepwiseReplica it last planned for
-        self._fixed: dict[Any, tuple[float, float, bool, int]] = {}  # StepRequest -> _deadlines(it)
         # StepRequest -> (its DecodeTask, reused step after step; TPOT, best effort, id, output tokens)
         self._tasks: dict[Any, tuple[DecodeTask, float, bool, int, int]] = {}
-        # The stretch checks' last tiers (_decode_tiers) and their BudgetModels (_stretch_budget).
-        self._last_tiers: tuple[tuple[tuple[Any, ...], tuple[Any, ...]], tuple[list[float], int]] | None = None
+        # The stretch checks' last decoding requests' facts (_decode_facts), last tiers (_decode_tiers) and their
+        # BudgetModels (_stretch_budget).
+        self._last_decodes: tuple[tuple[Any, ...], tuple[set[float], int]] | None = None
+        self._last_tiers: tuple[tuple[set[float], int], tuple[Any, ...], tuple[list[float], int]] | None = None
         self._stretch_budgets: dict[tuple[tuple[float, ...], int], BudgetModel] = {}
         # (stretch model, decoding tiers' mask, decodes) -> the last KV range plain_decode_check tested, and its answer
         self._decode_proofs: dict[tuple[BudgetModel, int, int], list[Any]] = {}
@@ -101,8 +105,9 @@ class SlosServeStepPlanner:
     def _deadlines(self, item: Any) -> tuple[float, float, bool, int]:
         """(prefill deadline, TPOT, best effort, request id) of a StepRequest. Fixed for as long as the request
         is in the replica (the controller set its SLOs, plan deadline and tier before releasing it), so each
-        is worked out once and kept by identity; `_forget` drops the ones that have left."""
-        known = self._fixed.get(item)
+        is worked out once and kept on the request itself (StepRequest.planned: SLOs-Serve keeps nothing else
+        there), which leaves the replica with it."""
+        known = item.planned
         if known is None:
             req = item.req
             controlled = req.controlled
@@ -111,16 +116,15 @@ class SlosServeStepPlanner:
             deadline = req.latency_from_s + ttft
             if controlled is not None:
                 deadline = controlled.state.get("plan_deadline_s", deadline)
-            known = self._fixed[item] = (deadline, tpot, req.tier == TIER_BEST_EFFORT, req.spec.request_id)
+            known = item.planned = (deadline, tpot, req.tier == TIER_BEST_EFFORT, req.spec.request_id)
         return known
 
     def _forget(self, replica: Any) -> None:
-        """Keep `_fixed` and `_tasks` to the requests still in the replica (amortised: once they have doubled)."""
+        """Keep `_tasks` to the requests still in the replica (amortised: once they have doubled)."""
         live = len(replica.waiting) + len(replica.prefilling) + len(replica.decoding)
-        if len(self._fixed) > 2 * live + 64:
+        if len(self._tasks) > 2 * live + 64:
             queues = (replica.waiting, replica.prefilling, replica.decoding)
-            fixed, tasks = self._fixed, self._tasks
-            self._fixed = {item: fixed[item] for queue in queues for item in queue if item in fixed}
+            tasks = self._tasks
             self._tasks = {item: tasks[item] for queue in queues for item in queue if item in tasks}
 
     def plan(self, replica: Any, now: float) -> Any:
@@ -205,7 +209,7 @@ class SlosServeStepPlanner:
         best_effort = self._best_effort
         if replica.waiting and (
             replica.max_seqs > replica.running
-            or (any(map(best_effort, replica.decoding)) and not all(map(best_effort, replica.waiting)))
+            or (self._decode_facts(replica)[1] and not all(map(best_effort, replica.waiting)))
         ):
             return None  # a queued request may be admitted, or a best-effort one preempted for an SLO one
         tiers, mask = self._decode_tiers(replica, ())
@@ -259,7 +263,7 @@ class SlosServeStepPlanner:
         if self._speculates():
             return None
         best_effort = self._best_effort
-        best_effort_decodes = sum(map(best_effort, replica.decoding))
+        best_effort_decodes = self._decode_facts(replica)[1]
         prefilling_best_effort = [item for item in replica.prefilling if best_effort(item)]
         preemptable = bool(best_effort_decodes or prefilling_best_effort)  # `_admissions`' victims
         deadlines = self._deadlines
@@ -342,31 +346,42 @@ class SlosServeStepPlanner:
         mask of the decoding ones. The answer for the same requests is kept (a stretch often ends at an arrival
         or an engine sample with the same requests in the batch, and the next one asks again); each request's
         TPOT and tier are fixed while it is in the replica (`_deadlines`)."""
-        key = (tuple(replica.decoding), prefilling)
+        facts = self._decode_facts(replica)
         last = self._last_tiers
-        if last is not None and last[0] == key:
-            return last[1]
-        answer = self._tiers_of(replica, prefilling)
-        self._last_tiers = (key, answer)
-        return answer
-
-    def _tiers_of(self, replica: Any, prefilling: tuple[Any, ...]) -> tuple[list[float], int]:
-        deadlines = self._deadlines
-        fixed = self._fixed  # _deadlines' own cache, read inline (this runs at every stretch's start)
-        decode_tpots: set[float] = set()
-        for item in replica.decoding:
-            known = fixed.get(item)
-            if known is None:
-                known = deadlines(item)
-            if not known[2]:
-                decode_tpots.add(known[1])
-        tpots = decode_tpots | {deadlines(item)[1] for item in prefilling}
+        if last is not None and last[0] is facts and last[1] == prefilling:
+            return last[2]
+        decode_tpots = facts[0]
+        tpots = decode_tpots | {self._deadlines(item)[1] for item in prefilling} if prefilling else decode_tpots
         tiers = tier_list(tpots) if tpots else [1.0]
         mask = 0
         for i, tpot in enumerate(tiers):
             if tpot in decode_tpots:
                 mask |= 1 << i
-        return tiers, mask
+        answer = (tiers, mask)
+        self._last_tiers = (facts, prefilling, answer)
+        return answer
+
+    def _decode_facts(self, replica: Any) -> tuple[set[float], int]:
+        """(the TPOTs of the SLO decodes, how many decodes are best-effort), kept while the replica's decoding
+        requests are the same ones (every stretch check asks; the list changes at prefill ends, completions and
+        preemptions only). The answer is only read."""
+        key = tuple(replica.decoding)
+        last = self._last_decodes
+        if last is not None and last[0] == key:
+            return last[1]
+        decode_tpots: set[float] = set()
+        best_effort = 0
+        for item in key:
+            known = item.planned  # _deadlines' answer, read inline
+            if known is None:
+                known = self._deadlines(item)
+            if known[2]:
+                best_effort += 1
+            else:
+                decode_tpots.add(known[1])
+        answer = (decode_tpots, best_effort)
+        self._last_decodes = (key, answer)
+        return answer
 
     def _stretch_budget(self, tiers: list[float], sequences: int) -> BudgetModel:
         """`_budget(tiers, any KV, sequences)` for the stretch checks, kept per tiers and sequences: they move it to
@@ -451,6 +466,7 @@ class SlosServeStepPlanner:
             return
         for item in replica.prefilling:
             virtual.observe(item.req.spec.request_id, item.prompt_left, max(0, item.out_left - 1), None)
+        logged = len(replica.stretch_log)  # the stretch steps each decoding request is owed from its owed_from on
         for item in replica.decoding:
             first = item.chunk_times[0] if item.chunk_times else None
-            virtual.observe(item.req.spec.request_id, 0, item.out_left, first)
+            virtual.observe(item.req.spec.request_id, 0, item.out_left + item.owed_from - logged, first)

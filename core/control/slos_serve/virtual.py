@@ -33,19 +33,28 @@ class Tracked:
     decode_start_s: float | None = None
 
     def as_plan(self) -> PlanRequest:
-        prefill = max(0, round(self.prefill_left))
-        done = self.decode_total - self.decode_left
+        # max(0, round(x)) as a comparison (the same int: max keeps round's unless 0 is larger), and the pace's
+        # start and the context as before; one per running request at every admission decision.
+        prefill = round(self.prefill_left)
+        if prefill < 0:
+            prefill = 0
+        decode_left = self.decode_left
+        decode = round(decode_left)
+        if decode < 0:
+            decode = 0
+        done = self.decode_total - decode_left
         # PlanRequest's pace counts from the next token: shift the start past the tokens already produced.
-        start = self.decode_start_s if self.decode_start_s is not None else self.prefill_deadline_s
+        start = self.decode_start_s
+        if start is None:
+            start = self.prefill_deadline_s
         start += done * self.tpot_s
         generated = 0.0 if prefill else 1.0 + done
-        # Positional (PlanRequest's field order: ..., kv_tokens, context_tokens, decode_start_s): one per running
-        # request at every admission decision.
+        # Positional (PlanRequest's field order: ..., kv_tokens, context_tokens, decode_start_s).
         return PlanRequest(
             self.request_id,
             self.prefill_deadline_s,
             prefill,
-            max(0, round(self.decode_left)),
+            decode,
             self.tpot_s,
             self.kv_tokens,
             int(self.prompt_tokens - prefill + generated),
@@ -130,6 +139,7 @@ class VirtualReplica:
             context_tokens=sum(t.kv_tokens - t.decode_left for t in decoding),
             sequences=len(self.requests),
             knee_efficiency=settings.knee_efficiency,
+            memo=self.planner.batch_memo(tiers),
         )
 
     def held(self, now: float, *, best_effort: bool = True) -> list[Tracked]:
