@@ -24,19 +24,21 @@ import asyncio
 import contextlib
 import heapq
 import importlib.util
-import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Literal, TypeVar, get_args
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, get_args
 
 from core.events import EventSink, make_event, null_sink
+
+if TYPE_CHECKING:
+    import multiprocessing.context
+    from concurrent.futures import ProcessPoolExecutor
 
 T = TypeVar("T")
 Task = Callable[..., Awaitable[Any]]  # a module-level async function
@@ -176,6 +178,10 @@ def pool_context(preload: Sequence[str] = ()) -> multiprocessing.context.BaseCon
     every module already imported. With threads (the console runs compare in a worker thread), forkserver
     with the task's modules preloaded: forking a threaded process can copy a held lock. spawn elsewhere.
     docs/scale-out.md has the start-up cost of each."""
+    # Imported here, not with the module: multiprocessing and the process pool were ~1% of the start of every
+    # command that imports this module (the batch CLI does, for --executor's choices) and most never start one.
+    import multiprocessing
+
     methods = multiprocessing.get_all_start_methods()
     if "fork" in methods and threading.active_count() == 1:
         return multiprocessing.get_context("fork")
@@ -265,6 +271,8 @@ class ProcessExecutor(Executor):
 
     async def _run(self, fn: Task, args: tuple[Any, ...], demand: Mapping[str, Any] | None) -> Any:
         if self.pool is None:
+            from concurrent.futures import ProcessPoolExecutor  # the pool's imports: see pool_context
+
             context = pool_context([fn.__module__])
             self.pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_pool_worker_init)
         future = self.pool.submit(_run_task, fn, args)

@@ -18,6 +18,11 @@ from core.profile.serving_spec import Calibration
 
 PROFILES_DIR = Path(__file__).resolve().parent.parent.parent / "profiles"
 
+# libyaml's parser where PyYAML was built with it (the wheels are): the same documents, values and errors
+# (the constructor and the resolver are PyYAML's Python ones either way), read five to six times faster than
+# by the pure-Python parser, whose reading of a profile and its calibration was 1.6% of a one-request batch run.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def _models_in(annotation: Any) -> list[type[BaseModel]]:
     """The pydantic models an annotation can hold (through Optional, unions, lists, dicts, Annotated)."""
@@ -97,7 +102,7 @@ def shipped_profiles() -> list[str]:
 
 def _read_yaml(path: Path) -> Any:
     try:
-        return yaml.safe_load(path.read_text())
+        return yaml.load(path.read_text(), Loader=_SAFE_LOADER)
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read ({exc.strerror}); check the path") from exc
     except yaml.YAMLError as exc:

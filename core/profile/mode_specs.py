@@ -1,8 +1,7 @@
 """Profile sections of the tuner and of each scheduling mode (AdaServe, SABER, SLOs-Serve)."""
 
-from __future__ import annotations
-
-from typing import Annotated, Literal
+# No `from __future__ import annotations` in the model modules: see core/profile/strict.py.
+from typing import Annotated, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -69,7 +68,7 @@ class TunerSpec(Strict):
     simrank_top: Annotated[int, Field(ge=1)] = 2
 
     @model_validator(mode="after")
-    def _ordered_bounds(self) -> TunerSpec:
+    def _ordered_bounds(self) -> Self:
         for name in ("concurrency_bounds", "max_num_seqs_bounds", "spec_width_bounds", "max_num_batched_tokens_bounds"):
             if getattr(self, name) is None:
                 continue
@@ -120,7 +119,7 @@ class AdaServeSpec(Strict):
     live_schedule: bool = True
 
     @model_validator(mode="after")
-    def _ordered_depths(self) -> AdaServeSpec:
+    def _ordered_depths(self) -> Self:
         if self.depth_bounds[0] > self.depth_bounds[1]:
             raise ValueError(f"depth_bounds: D_min {self.depth_bounds[0]} is above D_max {self.depth_bounds[1]}")
         return self

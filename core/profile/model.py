@@ -1,9 +1,8 @@
 """The whole profile: one validated document made of the workload, serving and mode sections."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` in the model modules: see core/profile/strict.py.
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Self
 
 from pydantic import Field, PrivateAttr
 
@@ -38,7 +37,7 @@ class Profile(Strict):
 
     _source: Path | None = PrivateAttr(default=None)
 
-    def with_mode(self, mode: SchedulingMode | None) -> Profile:
+    def with_mode(self, mode: SchedulingMode | None) -> Self:
         """This profile in `mode` (None: as it is): how a front end applies --mode or the Modes tab, once."""
         if mode is None or mode == self.mode:
             return self

@@ -1,7 +1,6 @@
 """Profile sections that describe the server: knobs, the calibrated step-time model, power, carbon, launch."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` in the model modules: see core/profile/strict.py.
 from typing import Annotated, Literal
 
 from pydantic import Field

@@ -1,9 +1,8 @@
 """Profile sections that describe the offered load: request lengths, arrivals, tasks, traces, SLOs."""
 
-from __future__ import annotations
-
+# No `from __future__ import annotations` in the model modules: see core/profile/strict.py.
 from pathlib import PurePath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import Field, model_validator
 
@@ -176,7 +175,7 @@ class WorkloadSpec(Strict):
     warmup_s: Annotated[float, Field(ge=0)] = 0.0
 
     @model_validator(mode="after")
-    def _one_source(self) -> WorkloadSpec:
+    def _one_source(self) -> Self:
         if (self.arrival is None) == (self.trace is None):
             raise ValueError("give exactly one of 'arrival' or 'trace'")
         if self.arrival is not None and not self.tasks:
