@@ -15,8 +15,12 @@ simulators' inner loops only.
 then --repeat runs per mode; it prints the median wall time, the median CPU time (user + system, its worker
 processes' included) and the largest peak RSS (of the process or any one worker). `--jobs` times quickstart's
 `--job tune` and `--job capacity` the same way (issue 22's other two targets; the tune's journal goes to a
-temporary --out). When Vidur is installed beside it (`import vidur` works) it times `python -m vidur.main` on
-the same workload shape too and prints slo-console's speed-up over it.
+temporary --out). With `--vidur-python VENV/bin/python --vidur-data DIR` (or when `import vidur` works here) it
+also times vidur 0.0.26 (`python -m vidur.main`, offline, at its leanest settings: benchmarks/vidur_offline.py)
+on the same workload, alternating with the fcfs runs (slo-console, vidur, slo-console, vidur, ...), and prints
+the ratio of the medians, the range over the pairs, and both simulators' simulated work (engine steps against
+Vidur's batches, simulated seconds) so the reader can check the comparison is like for like. Vidur's first
+run (it trains its random forests on a cold cache) is a warm-up and is not timed.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+from vidur_offline import DEFAULT_CACHE, VidurRun, vidur_env
 
 from core.backends.sim import SimBackend
 from core.metrics import summarize
@@ -62,30 +69,16 @@ def measure(requests: int) -> dict[str, float]:
         "requests_per_cpu_s": len(outcome.records) / cpu_s,
         "tokens_per_s": tokens / wall,
         "mean_batch": summary.output_tokens / max(engine.step, 1),
+        "steps": engine.step,
         "virtual_s": engine.clock,
         "p99_s": summary.p99_s,
     }
 
 
-# Vidur's CLI (`python -m vidur.main -h`) on bench-chat's shape: Llama-2-7B on one A100, vLLM's scheduler with
-# the same batch caps, Poisson arrivals at bench-chat's rate. Vidur draws lengths from its own trace.
-VIDUR_ARGS = [
-    "--replica_config_device", "a100",
-    "--replica_config_model_name", "meta-llama/Llama-2-7b-hf",
-    "--cluster_config_num_replicas", "1",
-    "--request_generator_config_type", "synthetic",
-    "--interval_generator_config_type", "poisson",
-    "--poisson_request_interval_generator_config_qps", "4.0",
-    "--replica_scheduler_config_type", "vllm",
-    "--vllm_scheduler_config_batch_size_cap", "128",
-    "--vllm_scheduler_config_max_tokens_in_batch", "2048",
-]  # fmt: skip
-
-
-def time_process(command: list[str]) -> tuple[float, float, float]:
+def time_process(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds (user + system) and peak RSS in MiB of one run of `command`."""
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -95,45 +88,80 @@ def time_process(command: list[str]) -> tuple[float, float, float]:
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
-def measure_process(command: list[str], repeat: int) -> dict[str, float]:
-    time_process(command)  # warm-up: file caches, .pyc files
-    runs = [time_process(command) for _ in range(repeat)]
+def summarize_runs(runs: list[tuple[float, float, float]]) -> dict[str, float]:
     return {
         "wall_s": statistics.median(r[0] for r in runs),
         "wall_min_s": min(r[0] for r in runs),
         "wall_max_s": max(r[0] for r in runs),
         "cpu_s": statistics.median(r[1] for r in runs),
+        "cpu_min_s": min(r[1] for r in runs),
+        "cpu_max_s": max(r[1] for r in runs),
         "peak_mib": max(r[2] for r in runs),
     }
 
 
-def whole_process(requests: list[int], modes: list[str], repeat: int, jobs: list[str]) -> None:
+def measure_process(command: list[str], repeat: int) -> dict[str, float]:
+    time_process(command)  # warm-up: file caches, .pyc files
+    return summarize_runs([time_process(command) for _ in range(repeat)])
+
+
+def print_row(name: str, n: int | str, m: dict[str, float], extra: str = "") -> None:
+    spread = f"({m['wall_min_s']:.2f}-{m['wall_max_s']:.2f})"
+    count = f"{n:>9,d}" if isinstance(n, int) else f"{n:>9}"
+    print(f"{name:>10} {count} {m['wall_s']:>7.2f} {spread:>15} {m['cpu_s']:>7.2f} {m['peak_mib']:>9.0f}{extra}")
+
+
+def versus_vidur(n: int, repeat: int, vidur: VidurRun) -> None:
+    """slo-console fcfs and Vidur on the same workload size, alternating run by run so that both see the same load."""
+    ours = [sys.executable, "-m", "console", "--batch", "--profile", "bench-chat", "--mode", "fcfs"]
+    ours += ["--requests", str(n)]
+    time_process(ours)  # warm-up: file caches, .pyc files
+    probe = vidur.probe(n)  # warm-up, untimed: trains Vidur's random forests on a cold cache; counts its batches
+    slo_runs, vidur_runs, loads = [], [], []
+    for _ in range(repeat):
+        loads.append(os.getloadavg()[0])
+        slo_runs.append(time_process(ours))
+        command = vidur.command(n)  # outside the clock: writes Vidur's trace on first use
+        vidur_runs.append(time_process(command, env=vidur_env()))  # `python -m vidur.main`, as a Vidur user types it
+        vidur.clear_outputs()
+    s, v = summarize_runs(slo_runs), summarize_runs(vidur_runs)
+    print_row("fcfs", n, s, "  (interleaved with vidur)")
+    print_row("vidur", n, v, "  (0.0.26, lean: native predictor, no chrome trace)")
+    pair_walls = sorted(vr[0] / sr[0] for sr, vr in zip(slo_runs, vidur_runs, strict=True))
+    pair_cpus = sorted(vr[1] / sr[1] for sr, vr in zip(slo_runs, vidur_runs, strict=True))
+    print(
+        f"{'':>10} vidur / slo-console, whole process vs whole process: wall {v['wall_s'] / s['wall_s']:.1f}x "
+        f"(pairs {pair_walls[0]:.1f}-{pair_walls[-1]:.1f}x), CPU {v['cpu_s'] / s['cpu_s']:.1f}x "
+        f"(pairs {pair_cpus[0]:.1f}-{pair_cpus[-1]:.1f}x); load average at each pair "
+        + ", ".join(f"{x:.1f}" for x in loads)
+    )
+    ours_inner = measure(n)  # the same run in process, for its step count and simulated time
+    print(
+        f"{'':>10} simulated work: slo-console {ours_inner['steps']:,} engine steps, "
+        f"{ours_inner['virtual_s']:,.0f} simulated s; vidur {probe['batches']:,} batches, "
+        f"{probe['simulated_s']:,.0f} simulated s"
+    )
+
+
+def whole_process(requests: list[int], modes: list[str], repeat: int, jobs: list[str], vidur: VidurRun | None) -> None:
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"{'mode':>10} {'requests':>9} {'wall s':>7} {'(min-max)':>13} {'cpu s':>7} {'peak MiB':>9}")
+    print(f"{'mode':>10} {'requests':>9} {'wall s':>7} {'(min-max)':>15} {'cpu s':>7} {'peak MiB':>9}")
     for job in jobs:
         with tempfile.TemporaryDirectory() as out:
             command = [sys.executable, "-m", "console", "--batch", "--profile", "quickstart", "--job", job]
-            m = measure_process([*command, "--out", out], repeat)
-        spread = f"({m['wall_min_s']:.2f}-{m['wall_max_s']:.2f})"
-        print(f"{job:>10} {'quickstart':>9} {m['wall_s']:>7.2f} {spread:>13} {m['cpu_s']:>7.2f} {m['peak_mib']:>9.0f}")
-    vidur = importlib.util.find_spec("vidur") is not None
+            print_row(job, "quickstart", measure_process([*command, "--out", out], repeat))
     for n in requests:
-        fcfs_wall = None
         for mode in modes:
+            if mode == "fcfs" and vidur is not None:
+                versus_vidur(n, repeat, vidur)
+                continue
             command = [sys.executable, "-m", "console", "--batch", "--profile", "bench-chat", "--mode", mode]
-            m = measure_process([*command, "--requests", str(n)], repeat)
-            fcfs_wall = m["wall_s"] if mode == "fcfs" else fcfs_wall
-            spread = f"({m['wall_min_s']:.2f}-{m['wall_max_s']:.2f})"
-            print(f"{mode:>10} {n:>9,d} {m['wall_s']:>7.2f} {spread:>13} {m['cpu_s']:>7.2f} {m['peak_mib']:>9.0f}")
-        if vidur:
-            command = [sys.executable, "-m", "vidur.main", *VIDUR_ARGS]
-            v = measure_process([*command, "--synthetic_request_generator_config_num_requests", str(n)], 1)
-            ratio = f"  slo-console fcfs is {v['wall_s'] / fcfs_wall:.1f}x faster" if fcfs_wall else ""
-            print(
-                f"{'vidur':>10} {n:>9,d} {v['wall_s']:>7.2f} {'':>13} {v['cpu_s']:>7.2f} {v['peak_mib']:>9.0f}{ratio}"
-            )
-    if not vidur:
-        print("(Vidur is not installed beside slo-console: `pip install vidur` to time it on the same shape)")
+            print_row(mode, n, measure_process([*command, "--requests", str(n)], repeat))
+    if vidur is None:
+        print(
+            "(Vidur not timed: install vidur==0.0.26 in a venv of its own and pass --vidur-python VENV/bin/python "
+            "--vidur-data DIR; see benchmarks/vidur_offline.py)"
+        )
     print(f"load average after: {os.getloadavg()[0]:.1f}")
 
 
@@ -144,9 +172,18 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["fcfs", "slos-serve", "adaserve"])
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per mode after one warm-up")
     parser.add_argument("--jobs", nargs="*", default=[], choices=["tune", "capacity"], help="quickstart jobs to time")
+    parser.add_argument("--vidur-python", help="a Python with vidur==0.0.26 installed (default: this one, if it has)")
+    parser.add_argument("--vidur-data", type=Path, help="folder of Vidur's CSVs (see benchmarks/vidur_offline.py)")
+    parser.add_argument("--vidur-cache", type=Path, default=DEFAULT_CACHE, help="where the offline datasets go")
     args = parser.parse_args()
     if args.whole_process:
-        whole_process(args.requests or [100_000], args.modes, args.repeat, args.jobs)
+        python = args.vidur_python or (sys.executable if importlib.util.find_spec("vidur") else None)
+        vidur = None
+        if python is not None:
+            if args.vidur_data is None:
+                parser.error("timing Vidur needs --vidur-data (see benchmarks/vidur_offline.py)")
+            vidur = VidurRun(python, args.vidur_data, args.vidur_cache)
+        whole_process(args.requests or [100_000], args.modes, args.repeat, args.jobs, vidur)
         return
     args.requests = args.requests or [10_000, 100_000]
     print(
