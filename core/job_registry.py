@@ -26,7 +26,7 @@ from core.events import Event, EventSink, make_event
 from core.exit_codes import ExitCode
 from core.jobs.options import BACKEND_KINDS, JOB_NAMES, BackendKind, JobName, OperatorOptions, UsageError
 from core.jobs.run import RunOptions, RunResult, as_run, run_workload, summary_event
-from core.metrics.failure_causes import failure_causes, failures_line
+from core.metrics.failure_causes import FailureCause, failure_causes, failures_line
 from core.metrics.verdict import FAULT_STATUSES, slo_verdict
 from core.profile import Profile, TunerSpec
 
@@ -138,7 +138,8 @@ def _run_report(result: RunResult, ctx: JobContext) -> JobReport:
     )
     faulted = sum(s.failed_by_status.get(status, 0) for status in FAULT_STATUSES)
     if faulted and result.records:
-        report.warnings.append(failures_line(failure_causes(result.records), faulted, s.requests) + _fix_for(result))
+        causes = failure_causes(result.records)
+        report.warnings.append(failures_line(causes, faulted, s.requests) + _fix_for(causes))
     if result.interrupted:
         report.status = ExitCode.INTERRUPTED
         report.warnings.append("interrupted: the summary covers the requests finished before Ctrl-C")
@@ -154,11 +155,10 @@ def _run_report(result: RunResult, ctx: JobContext) -> JobReport:
     return report
 
 
-def _fix_for(result: RunResult) -> str:
-    """The fix for the one cause a profile can state wrongly by itself: requests longer than the context."""
-    context_bound = any(
-        "max_model_len" in (r.error or "") or "context length" in (r.error or "") for r in result.records
-    )
+def _fix_for(causes: list[FailureCause]) -> str:
+    """The fix for the one cause a profile can state wrongly by itself: requests longer than the context (read
+    from the causes already grouped, not from every record again)."""
+    context_bound = any("max_model_len" in c.example or "context length" in c.example for c in causes)
     if not context_bound:
         return "; the error field of requests.jsonl (--out) has each request's message"
     return (
