@@ -6,7 +6,6 @@ basis of the reading they come from.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -40,6 +39,7 @@ from core.factsheet.model import (
 )
 from core.factsheet.sustainability import sustainability_section
 from core.jobs.options import JobName
+from core.metrics.summary_fields import finite_number, whole_number
 from core.metrics.verdict import SloVerdict, slo_verdict
 from core.profile import DEFAULT_MODE, KnobsSpec, Profile, SchedulingMode, SLOSpec, profile_hash, profile_source
 from core.workload.plan import request_limit
@@ -120,29 +120,12 @@ class FactsheetInputs:
 # ---------------------------------------------------------------- small readers
 
 
-def _number(value: Any) -> float | None:
-    """A finite float, or None for missing, non-numeric, NaN or infinite values (unknown, not zero)."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if hasattr(value, "item") and callable(value.item):  # numpy scalar
-        value = value.item()
-    if not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _count(value: Any) -> int | None:
-    number = _number(value)
-    return None if number is None else round(number)
-
-
 def _scalar(value: Any) -> Scalar:
     if isinstance(value, str | bool) or value is None:
         return value
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    return _number(value)
+    return finite_number(value)
 
 
 def _is_scalar(value: Any) -> bool:
@@ -238,11 +221,11 @@ def _smooth_parameter(summary: Mapping[str, Any], name: str) -> Any:
 
 def _latency(summary: Mapping[str, Any], prefix: str) -> LatencyStats:
     return LatencyStats(
-        p50_s=_number(summary.get(f"{prefix}p50_s")),
-        p90_s=_number(summary.get(f"{prefix}p90_s")),
-        p95_s=_number(summary.get(f"{prefix}p95_s")),
-        p99_s=_number(summary.get(f"{prefix}p99_s")),
-        mean_s=_number(summary.get(f"{prefix}mean_s")),
+        p50_s=finite_number(summary.get(f"{prefix}p50_s")),
+        p90_s=finite_number(summary.get(f"{prefix}p90_s")),
+        p95_s=finite_number(summary.get(f"{prefix}p95_s")),
+        p99_s=finite_number(summary.get(f"{prefix}p99_s")),
+        mean_s=finite_number(summary.get(f"{prefix}mean_s")),
     )
 
 
@@ -251,53 +234,55 @@ def _performance(summary: Mapping[str, Any], profile: Profile, simulated: bool) 
     per_task_raw = summary.get("per_task") or {}
     per_task = {
         str(task): TaskPerformance(
-            requests=_count(stats.get("requests")),
-            completed=_count(stats.get("completed")),
-            failed=_count(stats.get("failed")),
-            p50_s=_number(stats.get("p50_s")),
-            p99_s=_number(stats.get("p99_s")),
-            slo_attainment=_number(stats.get("slo_attainment")),
-            goodput_rps=_number(stats.get("goodput_rps")),
-            token_goodput_tps=_number(stats.get("token_goodput_tps")),
-            smooth_goodput=_number(stats.get("smooth_goodput")),
+            requests=whole_number(stats.get("requests")),
+            completed=whole_number(stats.get("completed")),
+            failed=whole_number(stats.get("failed")),
+            p50_s=finite_number(stats.get("p50_s")),
+            p99_s=finite_number(stats.get("p99_s")),
+            slo_attainment=finite_number(stats.get("slo_attainment")),
+            goodput_rps=finite_number(stats.get("goodput_rps")),
+            token_goodput_tps=finite_number(stats.get("token_goodput_tps")),
+            smooth_goodput=finite_number(stats.get("smooth_goodput")),
         )
         for task, stats in sorted(per_task_raw.items())
         if isinstance(stats, Mapping)
     }
     configured = profile.smooth_goodput
     penalty = _smooth_parameter(summary, "penalty") or configured.penalty
-    alpha = _number(_smooth_parameter(summary, "alpha"))
-    speed = _number(_smooth_parameter(summary, "reading_speed_tps"))
-    allow = _number(_smooth_parameter(summary, "ttft_allow_s"))
+    alpha = finite_number(_smooth_parameter(summary, "alpha"))
+    speed = finite_number(_smooth_parameter(summary, "reading_speed_tps"))
+    allow = finite_number(_smooth_parameter(summary, "ttft_allow_s"))
     return PerformanceSection(
         basis="simulated" if simulated else "measured",
-        window_s=_number(summary.get("window_s")),
-        requests=_count(summary.get("requests")),
-        completed=_count(summary.get("completed")),
-        failed=_count(summary.get("failed")),
+        window_s=finite_number(summary.get("window_s")),
+        requests=whole_number(summary.get("requests")),
+        completed=whole_number(summary.get("completed")),
+        failed=whole_number(summary.get("failed")),
         failed_by_status={
-            str(status): int(count) for status, count in sorted(failed_by_status.items()) if _count(count) is not None
+            str(status): int(count)
+            for status, count in sorted(failed_by_status.items())
+            if whole_number(count) is not None
         },
         e2e=_latency(summary, ""),
         ttft=_latency(summary, "ttft_"),
         tpot=_latency(summary, "tpot_"),
         itl=_latency(summary, "itl_"),
-        goodput_rps=_number(summary.get("goodput_rps")),
-        slo_attainment=_number(summary.get("slo_attainment")),
-        token_goodput_tps=_number(summary.get("token_goodput_tps")),
-        throughput_rps=_number(summary.get("throughput_rps")),
-        output_tps=_number(summary.get("output_tps")),
-        output_tokens=_count(summary.get("output_tokens")),
+        goodput_rps=finite_number(summary.get("goodput_rps")),
+        slo_attainment=finite_number(summary.get("slo_attainment")),
+        token_goodput_tps=finite_number(summary.get("token_goodput_tps")),
+        throughput_rps=finite_number(summary.get("throughput_rps")),
+        output_tps=finite_number(summary.get("output_tps")),
+        output_tokens=whole_number(summary.get("output_tokens")),
         smooth_goodput=SmoothGoodput(
-            value=_number(summary.get("smooth_goodput")),
+            value=finite_number(summary.get("smooth_goodput")),
             # The metric's parameters: as the summary reports them, else as the profile configures them.
             alpha=configured.alpha if alpha is None else alpha,
             reading_speed_tps=configured.reading_speed_tps if speed is None else speed,
             ttft_allow_s=configured.ttft_allow_s if allow is None else allow,
             penalty=None if penalty is None else str(penalty),
         ),
-        capacity_rps=_number(summary.get("capacity_rps")),
-        capacity_attainment_target=_number(summary.get("capacity_attainment_target")),
+        capacity_rps=finite_number(summary.get("capacity_rps")),
+        capacity_attainment_target=finite_number(summary.get("capacity_attainment_target")),
         per_task=per_task,
         other_metrics={
             str(key): _scalar(value)
@@ -313,10 +298,10 @@ def _tuning_point(raw: Any) -> TuningPoint | None:
     knobs = raw.get("knobs") or {}
     return TuningPoint(
         knobs={str(k): _scalar(v) for k, v in knobs.items() if _is_scalar(v)} if isinstance(knobs, Mapping) else {},
-        goodput_rps=_number(raw.get("goodput_rps")),
-        p99_s=_number(raw.get("p99_s")),
-        slo_attainment=_number(raw.get("slo_attainment")),
-        score=_number(raw.get("score")),
+        goodput_rps=finite_number(raw.get("goodput_rps")),
+        p99_s=finite_number(raw.get("p99_s")),
+        slo_attainment=finite_number(raw.get("slo_attainment")),
+        score=finite_number(raw.get("score")),
     )
 
 
@@ -325,7 +310,7 @@ def verdict_section(verdict: SloVerdict, headline: str | None = None) -> Verdict
     data = verdict.to_dict()
     return Verdict(
         state=data["state"],
-        margin=_number(data["margin"]),
+        margin=finite_number(data["margin"]),
         headline=headline or data["headline"],
         checks=[VerdictCheck(**check) for check in data["checks"]],
         per_task={name: verdict_section(task) for name, task in verdict.per_task.items()},
@@ -337,17 +322,17 @@ def _tuning(tuning: Mapping[str, Any] | None) -> TuningSection | None:
         return None
     trajectory_raw = tuning.get("trajectory") or []
     trajectory = [point for point in map(_tuning_point, trajectory_raw) if point is not None]
-    segments = _count(tuning.get("segments"))
+    segments = whole_number(tuning.get("segments"))
     return TuningSection(
         tuner=None if tuning.get("tuner") is None else str(tuning["tuner"]),
         objective=None if tuning.get("objective") is None else str(tuning["objective"]),
         baseline=_tuning_point(tuning.get("baseline")),
         tuned=_tuning_point(tuning.get("tuned", tuning.get("best"))),
         segments=segments if segments is not None else (len(trajectory) or None),
-        wall_time_s=_number(tuning.get("wall_time_s")),
+        wall_time_s=finite_number(tuning.get("wall_time_s")),
         trajectory=trajectory,
         spread=tuning.get("spread") if isinstance(tuning.get("spread"), TuningSpread) else None,
-        slo_p99_s=_number(tuning.get("slo_p99_s")),
+        slo_p99_s=finite_number(tuning.get("slo_p99_s")),
     )
 
 

@@ -12,7 +12,6 @@ calibrate  a Calibration section: the fit and where it was written
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -31,6 +30,7 @@ from core.factsheet.model import (
 )
 from core.factsheet.run import factsheet_for_run
 from core.jobs.run import scheduling_mode_that_ran
+from core.metrics.summary_fields import finite_number, whole_number
 from core.metrics.verdict import SloVerdict, check_slo, slo_verdict
 from core.profile import Profile, load_calibration
 
@@ -43,17 +43,6 @@ if TYPE_CHECKING:
 
 # Paper 000 eq. 3, in words (core/tune/score.py).
 TUNER_OBJECTIVE = "maximise S(K) = goodput - lambda * max(0, p99 - SLO) - hw_cost(K) (SLO-Tuner eq. 3)"
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
-
-
-def _int(value: Any) -> int | None:
-    number = _finite(value)
-    return None if number is None else round(number)
 
 
 def simulator_description(profile: Profile, reported: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -89,9 +78,9 @@ def tuned_spread(result: TuneResult) -> TuningSpread | None:
     ] or [tuned]
     return TuningSpread(
         measurements=len(takes),
-        p99_s=_spread([_finite(s.p99_s) for s in takes]),
-        slo_attainment=_spread([_finite(s.summary.get("slo_attainment")) for s in takes]),
-        goodput_rps=_spread([_finite(s.goodput_rps) for s in takes]),
+        p99_s=_spread([finite_number(s.p99_s) for s in takes]),
+        slo_attainment=_spread([finite_number(s.summary.get("slo_attainment")) for s in takes]),
+        goodput_rps=_spread([finite_number(s.goodput_rps) for s in takes]),
     )
 
 
@@ -168,22 +157,23 @@ def compare_section(result: CompareResult) -> CompareSection:
         rows.append(
             CompareRow(
                 mode=row.mode,
-                max_num_seqs=_int(fields.get("max_num_seqs")),
+                max_num_seqs=whole_number(fields.get("max_num_seqs")),
                 speculation=None if fields.get("speculation") is None else str(fields["speculation"]),
-                requests=_int(fields.get("requests")),
-                completed=_int(fields.get("completed")),
-                slo_attainment=_finite(fields.get("slo_attainment")),
+                requests=whole_number(fields.get("requests")),
+                completed=whole_number(fields.get("completed")),
+                slo_attainment=finite_number(fields.get("slo_attainment")),
                 slo_attainment_per_task={
-                    str(task): _finite(value) for task, value in (fields.get("slo_attainment_per_task") or {}).items()
+                    str(task): finite_number(value)
+                    for task, value in (fields.get("slo_attainment_per_task") or {}).items()
                 },
-                goodput_rps=_finite(fields.get("goodput_rps")),
-                token_goodput_tps=_finite(fields.get("token_goodput_tps")),
-                smooth_goodput=_finite(fields.get("smooth_goodput")),
-                p99_s=_finite(fields.get("p99_s")),
-                cv_completion_over_slo=_finite(fields.get("cv_completion_over_slo")),
-                rejected=_int(fields.get("rejected")),
-                deferred=_int(fields.get("deferred")),
-                failed=_int(fields.get("failed")),
+                goodput_rps=finite_number(fields.get("goodput_rps")),
+                token_goodput_tps=finite_number(fields.get("token_goodput_tps")),
+                smooth_goodput=finite_number(fields.get("smooth_goodput")),
+                p99_s=finite_number(fields.get("p99_s")),
+                cv_completion_over_slo=finite_number(fields.get("cv_completion_over_slo")),
+                rejected=whole_number(fields.get("rejected")),
+                deferred=whole_number(fields.get("deferred")),
+                failed=whole_number(fields.get("failed")),
                 verdict=verdict_section(slo_verdict(row.summary.to_dict(), result.profile)),
             )
         )
@@ -191,7 +181,7 @@ def compare_section(result: CompareResult) -> CompareSection:
         seed=result.seed,
         rows=rows,
         skipped=dict(result.skipped),
-        static_sweep={str(cap): _finite(value) for cap, value in result.static_sweep.items()},
+        static_sweep={str(cap): finite_number(value) for cap, value in result.static_sweep.items()},
         interrupted=result.interrupted,
         wall_time_s=result.wall_s,
     )
@@ -246,7 +236,7 @@ def compare_factsheet(
 
 def offered_rate_rps(profile: Profile) -> float | None:
     arrival = profile.workload.arrival
-    return _finite(getattr(arrival, "rate_rps", None))
+    return finite_number(getattr(arrival, "rate_rps", None))
 
 
 _CAPACITY_FIELDS = {"capacity_rps", "replicas", "capacity_per_replica_rps", "bracket_rps", "probes"}
@@ -260,9 +250,9 @@ def capacity_section(profile: Profile, results: Sequence[CapacityResult], target
         rows.append(
             CapacityRow(
                 mode=r.mode,
-                capacity_rps=_finite(r.capacity_rps),
+                capacity_rps=finite_number(r.capacity_rps),
                 replicas=r.replicas,
-                capacity_per_replica_rps=_finite(r.per_replica_rps),
+                capacity_per_replica_rps=finite_number(r.per_replica_rps),
                 ratio_to_first=r.capacity_rps / base if base > 0 else None,
                 probes=len(r.probes),
                 bracket_rps=[float(v) for v in r.bracket],
@@ -328,12 +318,12 @@ def calibration_section(result: CalibrateResult) -> CalibrationSection:
         path=None if result.path is None else str(result.path),
         points=len(result.sweep.points),
         observations=None if fit is None else len(fit.observations),
-        rms_relative_error=None if fit is None else _finite(fit.rms_relative_error),
-        max_relative_error=None if fit is None else _finite(fit.max_relative_error),
+        rms_relative_error=None if fit is None else finite_number(fit.rms_relative_error),
+        max_relative_error=None if fit is None else finite_number(fit.max_relative_error),
         terms=[] if calibration is None else [t.model_dump() for t in calibration.terms],
-        request_overhead_s=_finite(result.extra.get("request_overhead_s")),
-        median_itl_s=_finite(result.extra.get("median_itl_s")),
-        fitted_decode_step_s=None if fit is None else _finite(decode_step_at_median(fit)),
+        request_overhead_s=finite_number(result.extra.get("request_overhead_s")),
+        median_itl_s=finite_number(result.extra.get("median_itl_s")),
+        fitted_decode_step_s=None if fit is None else finite_number(decode_step_at_median(fit)),
         kv_capacity_tokens=None if calibration is None else calibration.kv_capacity_tokens,
         noise_cv=None if calibration is None else calibration.noise_cv,
         default_acceptance=None if calibration is None else calibration.default_acceptance,

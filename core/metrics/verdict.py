@@ -13,11 +13,11 @@ figure is unknown (nothing completed) is "unmeasured", never met.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from core.metrics.summary_fields import finite_number
 from core.profile import Profile, SLOSpec
 
 VerdictState = Literal["met", "violated", "unmeasured", "no_slo"]
@@ -28,12 +28,6 @@ SLO_FIGURES = (
     ("ttft_p99_s", "TTFT p99", "ttft_s"),
     ("tpot_p99_s", "TPOT p99", "tpot_s"),
 )
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def _figure(value: float, unit: str, digits: str = "#.3g") -> str:
@@ -111,7 +105,7 @@ def check_slo(
     share_word: str = "missed",
 ) -> SloCheck:
     """A check of `value` (None, NaN or inf: not measured) against `target` (None: no SLO set)."""
-    return SloCheck(metric, _finite(value), target, unit, target_label, share_word)
+    return SloCheck(metric, finite_number(value), target, unit, target_label, share_word)
 
 
 def _state_of(checks: tuple[SloCheck, ...]) -> VerdictState:
@@ -232,7 +226,7 @@ OWN_SLO_MISS_ALLOWED_PERCENT = 1.0
 
 
 def _own_slo_check(stats: Mapping[str, Any]) -> SloCheck:
-    attainment = _finite(stats.get("slo_attainment"))
+    attainment = finite_number(stats.get("slo_attainment"))
     missed = None if attainment is None else 100.0 * (1.0 - attainment)
     return check_slo(
         "requests over their own SLO", missed, OWN_SLO_MISS_ALLOWED_PERCENT, unit="%", target_label="p99 allows"
