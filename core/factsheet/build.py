@@ -39,7 +39,7 @@ from core.factsheet.model import (
 )
 from core.factsheet.sustainability import sustainability_section
 from core.jobs.options import JobName
-from core.metrics.summary_fields import finite_number, whole_number
+from core.metrics.summary_fields import finite_number, read_figures, whole_number
 from core.metrics.verdict import SloVerdict, slo_verdict
 from core.profile import DEFAULT_MODE, KnobsSpec, Profile, SchedulingMode, SLOSpec, profile_hash, profile_source
 from core.workload.plan import request_limit
@@ -229,21 +229,27 @@ def _latency(summary: Mapping[str, Any], prefix: str) -> LatencyStats:
     )
 
 
+# A run's and a task's plain figures, read by their summary keys (the sections' fields have the same names).
+_RUN_COUNTS = ("requests", "completed", "failed", "output_tokens")
+_RUN_NUMBERS = (
+    "window_s",
+    "goodput_rps",
+    "slo_attainment",
+    "token_goodput_tps",
+    "throughput_rps",
+    "output_tps",
+    "capacity_rps",
+    "capacity_attainment_target",
+)
+_TASK_COUNTS = ("requests", "completed", "failed")
+_TASK_NUMBERS = ("p50_s", "p99_s", "slo_attainment", "goodput_rps", "token_goodput_tps", "smooth_goodput")
+
+
 def _performance(summary: Mapping[str, Any], profile: Profile, simulated: bool) -> PerformanceSection:
     failed_by_status = summary.get("failed_by_status") or {}
     per_task_raw = summary.get("per_task") or {}
     per_task = {
-        str(task): TaskPerformance(
-            requests=whole_number(stats.get("requests")),
-            completed=whole_number(stats.get("completed")),
-            failed=whole_number(stats.get("failed")),
-            p50_s=finite_number(stats.get("p50_s")),
-            p99_s=finite_number(stats.get("p99_s")),
-            slo_attainment=finite_number(stats.get("slo_attainment")),
-            goodput_rps=finite_number(stats.get("goodput_rps")),
-            token_goodput_tps=finite_number(stats.get("token_goodput_tps")),
-            smooth_goodput=finite_number(stats.get("smooth_goodput")),
-        )
+        str(task): TaskPerformance(**read_figures(stats, counts=_TASK_COUNTS, numbers=_TASK_NUMBERS))
         for task, stats in sorted(per_task_raw.items())
         if isinstance(stats, Mapping)
     }
@@ -254,10 +260,7 @@ def _performance(summary: Mapping[str, Any], profile: Profile, simulated: bool) 
     allow = finite_number(_smooth_parameter(summary, "ttft_allow_s"))
     return PerformanceSection(
         basis="simulated" if simulated else "measured",
-        window_s=finite_number(summary.get("window_s")),
-        requests=whole_number(summary.get("requests")),
-        completed=whole_number(summary.get("completed")),
-        failed=whole_number(summary.get("failed")),
+        **read_figures(summary, counts=_RUN_COUNTS, numbers=_RUN_NUMBERS),
         failed_by_status={
             str(status): int(count)
             for status, count in sorted(failed_by_status.items())
@@ -267,12 +270,6 @@ def _performance(summary: Mapping[str, Any], profile: Profile, simulated: bool) 
         ttft=_latency(summary, "ttft_"),
         tpot=_latency(summary, "tpot_"),
         itl=_latency(summary, "itl_"),
-        goodput_rps=finite_number(summary.get("goodput_rps")),
-        slo_attainment=finite_number(summary.get("slo_attainment")),
-        token_goodput_tps=finite_number(summary.get("token_goodput_tps")),
-        throughput_rps=finite_number(summary.get("throughput_rps")),
-        output_tps=finite_number(summary.get("output_tps")),
-        output_tokens=whole_number(summary.get("output_tokens")),
         smooth_goodput=SmoothGoodput(
             value=finite_number(summary.get("smooth_goodput")),
             # The metric's parameters: as the summary reports them, else as the profile configures them.
@@ -281,8 +278,6 @@ def _performance(summary: Mapping[str, Any], profile: Profile, simulated: bool) 
             ttft_allow_s=configured.ttft_allow_s if allow is None else allow,
             penalty=None if penalty is None else str(penalty),
         ),
-        capacity_rps=finite_number(summary.get("capacity_rps")),
-        capacity_attainment_target=finite_number(summary.get("capacity_attainment_target")),
         per_task=per_task,
         other_metrics={
             str(key): _scalar(value)

@@ -30,7 +30,7 @@ from core.factsheet.model import (
 )
 from core.factsheet.run import factsheet_for_run
 from core.jobs.run import scheduling_mode_that_ran
-from core.metrics.summary_fields import finite_number, whole_number
+from core.metrics.summary_fields import finite_number, read_figures
 from core.metrics.verdict import SloVerdict, check_slo, slo_verdict
 from core.profile import Profile, load_calibration
 
@@ -150,6 +150,18 @@ def tune_factsheet(result: TuneResult, command_line: Sequence[str], started_at: 
 # ---------------------------------------------------------------- compare
 
 
+# A compare row's plain figures, read by the row's field names (CompareRow's fields have the same names).
+_COMPARE_COUNTS = ("max_num_seqs", "requests", "completed", "rejected", "deferred", "failed")
+_COMPARE_NUMBERS = (
+    "slo_attainment",
+    "goodput_rps",
+    "token_goodput_tps",
+    "smooth_goodput",
+    "p99_s",
+    "cv_completion_over_slo",
+)
+
+
 def compare_section(result: CompareResult) -> CompareSection:
     rows = []
     for row in result.rows:
@@ -157,23 +169,12 @@ def compare_section(result: CompareResult) -> CompareSection:
         rows.append(
             CompareRow(
                 mode=row.mode,
-                max_num_seqs=whole_number(fields.get("max_num_seqs")),
                 speculation=None if fields.get("speculation") is None else str(fields["speculation"]),
-                requests=whole_number(fields.get("requests")),
-                completed=whole_number(fields.get("completed")),
-                slo_attainment=finite_number(fields.get("slo_attainment")),
                 slo_attainment_per_task={
                     str(task): finite_number(value)
                     for task, value in (fields.get("slo_attainment_per_task") or {}).items()
                 },
-                goodput_rps=finite_number(fields.get("goodput_rps")),
-                token_goodput_tps=finite_number(fields.get("token_goodput_tps")),
-                smooth_goodput=finite_number(fields.get("smooth_goodput")),
-                p99_s=finite_number(fields.get("p99_s")),
-                cv_completion_over_slo=finite_number(fields.get("cv_completion_over_slo")),
-                rejected=whole_number(fields.get("rejected")),
-                deferred=whole_number(fields.get("deferred")),
-                failed=whole_number(fields.get("failed")),
+                **read_figures(fields, counts=_COMPARE_COUNTS, numbers=_COMPARE_NUMBERS),
                 verdict=verdict_section(slo_verdict(row.summary.to_dict(), result.profile)),
             )
         )

@@ -7,6 +7,7 @@ sections) treats those as unknown, never as zero, through these two functions.""
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -26,3 +27,13 @@ def whole_number(value: Any) -> int | None:
     """finite_number rounded to an int (a count written as 12.0 reads as 12), or None."""
     number = finite_number(value)
     return None if number is None else round(number)
+
+
+def read_figures(
+    source: Mapping[str, Any], *, numbers: Iterable[str] = (), counts: Iterable[str] = ()
+) -> dict[str, float | int | None]:
+    """The named figures of `source` by the same names: `numbers` through finite_number, `counts` through
+    whole_number (a factsheet section's fields are named as the summary's keys)."""
+    figures: dict[str, float | int | None] = {key: whole_number(source.get(key)) for key in counts}
+    figures.update((key, finite_number(source.get(key))) for key in numbers)
+    return figures
