@@ -124,9 +124,10 @@ def _cpu_s(pid: int) -> float:
 
 
 def _spawn(argv: list[str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=ROOT
-    )
+    # A process group of its own (stopped as a whole, never by name) in this session: a session of its own would
+    # put it in another scheduler autogroup, which shares the CPU unlike the product's own children
+    # (core/serve/process.py's docstring) and would measure the scheduler rather than the gateway.
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, cwd=ROOT)
 
 
 def _stop(process: subprocess.Popen[str]) -> None:
@@ -195,8 +196,8 @@ def _start_gateway(root: Path, upstream_url: str) -> tuple[subprocess.Popen[str]
     env = {**os.environ, "PYTHONPATH": str(root)}
     argv = [sys.executable, "-m", "console", "gateway", "--upstream", upstream_url, "--port", "0"]
     gateway = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=root, env=env
-    )
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0, cwd=root, env=env
+    )  # process_group=0, not a session of its own: see _spawn
     assert gateway.stderr is not None
     line = gateway.stderr.readline()
     match = re.search(r"serving on (http://\S+)", line)

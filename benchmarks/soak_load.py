@@ -190,7 +190,10 @@ class Worker:
                 stdout=asyncio.subprocess.PIPE,  # stderr: the soak's own, so a worker's traceback is seen
                 cwd=REPO,
                 pass_fds=(read_end,),
-                start_new_session=True,  # its own process group: stopped as a whole, never by name
+                # Its own process group: stopped as a whole, never by name. A session of its own because uvloop's
+                # subprocess_exec takes no process_group (ValueError); that puts it in another scheduler autogroup
+                # (core/serve/process.py's docstring), which shifts the soak's latency figures, not its accounting.
+                start_new_session=True,
             )
         except BaseException:
             os.close(lifeline)
