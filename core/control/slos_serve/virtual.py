@@ -137,7 +137,9 @@ class VirtualReplica:
             key=lambda t: (t.best_effort, t.prefill_deadline_s),
         )
         for t in decoding:
-            t.decode_left = max(0.0, t.decode_left - dt / t.tpot_s)
+            # max(0.0, x) as a comparison: max keeps 0.0 unless x is larger (NaN and -0.0 give 0.0 both ways)
+            left = t.decode_left - dt / t.tpot_s
+            t.decode_left = left if left > 0.0 else 0.0
         if not prefilling:
             return
         budget = self._budget(decoding)
