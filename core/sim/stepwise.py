@@ -211,7 +211,8 @@ class StepwiseReplica(EngineReplica):
         if fits is None:
             return 0, False
         # The last of them completes a request: the fewest tokens left, less what the stretch log owes them.
-        most = min(item.out_left + item.owed_from for item in decoding) - len(self.stretch_log)
+        # (a list, not a generator: min over ints, the same value without a generator resumed per request)
+        most = min([item.out_left + item.owed_from for item in decoding]) - len(self.stretch_log)
         n = len(decoding)
         step_time = self.model.step_time
         capacity = self.kv_capacity
@@ -239,7 +240,7 @@ class StepwiseReplica(EngineReplica):
         if prefill_chunks is None:
             return 0, False
         decoding = self.decoding
-        most = min((item.out_left + item.owed_from for item in decoding), default=math.inf) - len(self.stretch_log)
+        most = min([item.out_left + item.owed_from for item in decoding], default=math.inf) - len(self.stretch_log)
         n = len(decoding)
         step_time = self.model.step_time
         capacity = self.kv_capacity

@@ -84,6 +84,39 @@ class _State:
     new: int  # how many new requests are admitted
 
 
+@dataclass(slots=True)
+class RunningParts:
+    """What the admission DP reads of the running requests (`admit`'s `running`, summed and split): their TPOTs
+    (in any order), context and KV tokens (sums of ints), how many, the prefilling ones (prefill_tokens > 0, in
+    order) and, in order, each decoding one still owed tokens as (decode_start_s, tpot_s, decode_tokens)."""
+
+    tpots: list[float]
+    context_tokens: int
+    kv_tokens: int
+    count: int
+    forced: list[PlanRequest]
+    decoders: list[tuple[float, float, int]]
+
+
+def plan_parts(running: Sequence[PlanRequest]) -> RunningParts:
+    """The parts `admit_parts` reads of `running`, in one pass (`decoding`, prefill_tokens <= 0, inline)."""
+    forced: list[PlanRequest] = []
+    decoders: list[tuple[float, float, int]] = []
+    for r in running:
+        if r.prefill_tokens > 0:
+            forced.append(r)
+        elif r.decode_tokens > 0:
+            decoders.append((r.decode_start_s, r.tpot_s, r.decode_tokens))
+    return RunningParts(
+        [r.tpot_s for r in running],
+        sum(r.context_tokens for r in running),
+        sum(r.kv_tokens for r in running),
+        len(running),
+        forced,
+        decoders,
+    )
+
+
 def tier_list(tpots: Sequence[float]) -> list[float]:
     """The distinct TPOT SLOs, tightest first (per-TPOT tiers, sec. 3.2.1 "Multi-Decode SLOs")."""
     return sorted(set(tpots))
@@ -108,8 +141,16 @@ class AdmissionPlanner:
         return memo
 
     def budget_model(self, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> BudgetModel:
-        tpots = [r.tpot_s for r in running]
-        tpots += [r.tpot_s for r in new]
+        return self._budget_model(
+            [r.tpot_s for r in running], sum(r.context_tokens for r in running), len(running), new
+        )
+
+    def _budget_model(
+        self, tpots: list[float], running_context: int, running: int, new: Sequence[PlanRequest]
+    ) -> BudgetModel:
+        """`budget_model` from the running requests' TPOTs (in any order: only counted), their context tokens
+        and their number."""
+        tpots = tpots + [r.tpot_s for r in new]
         tiers = tier_list(tpots)
         if len(tiers) == 1:
             reference = [float(len(tpots))]  # 1.0 added that many times (exact: a count far below 2**53)
@@ -123,8 +164,8 @@ class AdmissionPlanner:
             self.model,
             tiers,
             max_batch_tokens=s.max_batch_tokens,
-            context_tokens=sum(r.context_tokens for r in running) + sum(r.prefill_tokens for r in new),
-            sequences=len(running) + len(new),
+            context_tokens=running_context + sum(r.prefill_tokens for r in new),
+            sequences=running + len(new),
             max_spec_len=s.max_spec_len,
             acceptance=s.acceptance,
             reference_counts=reference,
@@ -141,33 +182,37 @@ class AdmissionPlanner:
     def admit(self, now: float, running: Sequence[PlanRequest], new: Sequence[PlanRequest]) -> Admission:
         if not new:
             return Admission()
-        budget = self.budget_model(running, new)
+        return self.admit_parts(now, plan_parts(running), new)
+
+    def admit_parts(self, now: float, running: RunningParts, new: Sequence[PlanRequest]) -> Admission:
+        """`admit` with the running requests given as the parts the DP reads (RunningParts; the controller's
+        virtual replica builds them from its own records without a PlanRequest per decoding request)."""
+        if not new:
+            return Admission()
+        budget = self._budget_model(running.tpots, running.context_tokens, running.count, new)
         tiers = budget.tiers
         tier_of = {t: i for i, t in enumerate(tiers)}
         n_tiers = len(tiers)
+        forced = running.forced
+        decoders = running.decoders
 
-        # One pass, `decoding` (prefill_tokens <= 0) inline: the running requests are listed at every decision.
-        decoders: list[PlanRequest] = []
-        forced: list[PlanRequest] = []
-        for r in running:
-            if r.prefill_tokens > 0:
-                forced.append(r)
-            elif r.decode_tokens > 0:
-                decoders.append(r)
         # Visit order: by prefill deadline; a running request before a new one on a tie.
         visits: list[tuple[float, int, int, PlanRequest]] = [(r.prefill_deadline_s, 0, -1, r) for r in forced]
         visits += [(r.prefill_deadline_s, 1, pos, r) for pos, r in enumerate(new)]
         visits.sort(key=lambda v: (v[0], v[1]))
         deadlines = [max(v[0], now) for v in visits]
-        demand = _running_demand(now, decoders, tier_of, n_tiers, deadlines)
+        paces = [(start, pace, float(left), tier_of[pace]) for start, pace, left in decoders]
+        demand = _demand_rows(paces, n_tiers, deadlines)
         running_mask = 0
         alive_at_end = [0] * n_tiers
-        for r in decoders:
-            running_mask |= 1 << tier_of[r.tpot_s]
-            if r.decode_start_s + r.decode_tokens * r.tpot_s > deadlines[-1]:
-                alive_at_end[tier_of[r.tpot_s]] += 1
-        kv_free = self.settings.kv_capacity_tokens - sum(r.kv_tokens for r in running)
-        slots_free = self.slots_free(len(running), len(new))
+        last = deadlines[-1]
+        for start, pace, left in decoders:
+            tier = tier_of[pace]
+            running_mask |= 1 << tier
+            if start + left * pace > last:
+                alive_at_end[tier] += 1
+        kv_free = self.settings.kv_capacity_tokens - running.kv_tokens
+        slots_free = self.slots_free(running.count, len(new))
 
         states: dict[tuple[int, ...], _State] = {(0,) * n_tiers: _State(0.0, 0, 0, 0)}
         previous_t = now
@@ -216,6 +261,13 @@ def _running_demand(
     Tokens already overdue at `now` count in the first interval. Plain floats, summed request by request in
     their order (numpy's arrays cost more than their arithmetic at a few dozen requests and deadlines)."""
     paces = [(r.decode_start_s, r.tpot_s, float(r.decode_tokens), tier_of[r.tpot_s]) for r in decoders]
+    return _demand_rows(paces, n_tiers, deadlines)
+
+
+def _demand_rows(
+    paces: Sequence[tuple[float, float, float, int]], n_tiers: int, deadlines: Sequence[float]
+) -> list[list[float]]:
+    """`_running_demand` from each decoding request's (pace start, TPOT, tokens left as a float, tier)."""
     out = []
     row: list[float] = []
     last = math.nan  # the deadline `row` is for (a NaN equals nothing: the first row is always worked out)

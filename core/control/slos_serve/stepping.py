@@ -263,7 +263,8 @@ class SlosServeStepPlanner:
         if self._speculates():
             return None
         best_effort = self._best_effort
-        best_effort_decodes = self._decode_facts(replica)[1]
+        facts = self._decode_facts(replica)  # asked once: _decode_tiers below reads the same answer
+        best_effort_decodes = facts[1]
         prefilling_best_effort = [item for item in replica.prefilling if best_effort(item)]
         preemptable = bool(best_effort_decodes or prefilling_best_effort)  # `_admissions`' victims
         deadlines = self._deadlines
@@ -287,7 +288,7 @@ class SlosServeStepPlanner:
         leftovers = [(item, -1) for item in prefilling_best_effort]
         if True in queued_best_effort:
             leftovers += [(item, i) for i, item in enumerate(queued) if queued_best_effort[i]]
-        tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued))
+        tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued), facts)
         slo_decodes = len(replica.decoding) - best_effort_decodes
         model = self._stretch_budget(tiers, replica.running)
 
@@ -341,12 +342,15 @@ class SlosServeStepPlanner:
         settings = self.settings
         return settings.max_spec_len > 0 and settings.acceptance > 0.0
 
-    def _decode_tiers(self, replica: Any, prefilling: tuple[Any, ...]) -> tuple[list[float], int]:
+    def _decode_tiers(
+        self, replica: Any, prefilling: tuple[Any, ...], facts: tuple[set[float], int] | None = None
+    ) -> tuple[list[float], int]:
         """The tiers `plan` builds its BudgetModel on (the TPOTs of the SLO decodes and of `prefilling`) and the
         mask of the decoding ones. The answer for the same requests is kept (a stretch often ends at an arrival
         or an engine sample with the same requests in the batch, and the next one asks again); each request's
         TPOT and tier are fixed while it is in the replica (`_deadlines`)."""
-        facts = self._decode_facts(replica)
+        if facts is None:  # (the caller's `_decode_facts(replica)` where it has it: the same object)
+            facts = self._decode_facts(replica)
         last = self._last_tiers
         if last is not None and last[0] is facts and last[1] == prefilling:
             return last[2]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.control.slos_serve.admission import Admission, AdmissionPlanner, PlanRequest, tier_list
+from core.control.slos_serve.admission import Admission, AdmissionPlanner, PlanRequest, RunningParts, tier_list
 from core.control.slos_serve.budget import BudgetModel
 
 
@@ -62,6 +62,38 @@ class Tracked:
         )
 
 
+def running_parts(held: Sequence[Tracked]) -> RunningParts:
+    """What `AdmissionPlanner.admit` reads of `[t.as_plan() for t in held]`, read from the records themselves: the
+    same values (as_plan's arithmetic, written out for the decoding ones; a prefilling one is still made a
+    PlanRequest, the DP visits it) without a PlanRequest per decoding request at every decision.
+    tests/test_slos_serve_admission_parts.py holds it to `admit` on the PlanRequests."""
+    tpots: list[float] = []
+    forced: list[PlanRequest] = []
+    decoders: list[tuple[float, float, int]] = []
+    context = 0
+    kv = 0
+    for t in held:
+        tpot = t.tpot_s
+        tpots.append(tpot)
+        kv += t.kv_tokens
+        if round(t.prefill_left) > 0:  # as_plan's prefill above 0: the DP visits it (a forced admission)
+            plan = t.as_plan()
+            forced.append(plan)
+            context += plan.context_tokens
+            continue
+        # as_plan with prefill 0: the decode count, the pace's start past the tokens produced, the context
+        decode_left = t.decode_left
+        done = t.decode_total - decode_left
+        context += int(t.prompt_tokens + (1.0 + done))
+        decode = round(decode_left)
+        if decode > 0:
+            start = t.decode_start_s
+            if start is None:
+                start = t.prefill_deadline_s
+            decoders.append((start + done * tpot, tpot, decode))
+    return RunningParts(tpots, context, kv, len(tpots), forced, decoders)
+
+
 class VirtualReplica:
     """The controller's model of one replica: what it admitted there and how far the plan has got."""
 
@@ -105,7 +137,9 @@ class VirtualReplica:
             key=lambda t: (t.best_effort, t.prefill_deadline_s),
         )
         for t in decoding:
-            t.decode_left = max(0.0, t.decode_left - dt / t.tpot_s)
+            # max(0.0, x) as a comparison: max keeps 0.0 unless x is larger (NaN and -0.0 give 0.0 both ways)
+            left = t.decode_left - dt / t.tpot_s
+            t.decode_left = left if left > 0.0 else 0.0
         if not prefilling:
             return
         budget = self._budget(decoding)
@@ -180,5 +214,4 @@ class VirtualReplica:
         `room(now, best_effort)`'s list, where the caller has it."""
         if held is None:
             return self.planner.admit(now, self.running(now, best_effort=best_effort), new)
-        as_plan = Tracked.as_plan
-        return self.planner.admit(now, [as_plan(t) for t in held], new)
+        return self.planner.admit_parts(now, running_parts(held), new)
