@@ -31,7 +31,8 @@ from core.profile import Calibration, KnobsSpec
 from core.records import RequestRecord, RequestSpec, Status
 from core.sim.clients import ClientDriver
 from core.sim.reach import RunReach, run_reach
-from core.sim.replica import EngineReplica, SimRequest
+from core.sim.replica import EngineReplica
+from core.sim.sim_request import SimRequest
 
 TIER_FAST_PATH = "high"  # fcfs serves everything from one tier
 STALLED = (
@@ -108,7 +109,7 @@ class SimEngine:
         if self._passthrough:
             self.replicas[0].on_complete = self._on_served
         # fcfs on one plain replica (not a planner's) takes the hot loop (_advance_passthrough) and runs
-        # stretches of decode-only steps in one call (replica.run_decode_steps); `reference=True` steps every
+        # stretches of decode-only steps in one call (decode_runs.run_decode_steps); `reference=True` steps every
         # iteration through step_once instead (the tests compare the two).
         self._plain_passthrough = self._passthrough and type(self.replicas[0]) is EngineReplica
         # A planner's replica runs stretches of plain decode steps the same way where its planner can promise
@@ -450,7 +451,7 @@ class SimEngine:
         replica's and the sampler's tests inlined."""
         clients = self.clients
         replica = self.replicas[0]
-        # run_decode_steps' entry test is made here, the stall clock's part once (replica.decode_run).
+        # run_decode_steps' entry test is made here, the stall clock's part once (decode_runs.decode_run).
         decode_runs = self._decode_runs and replica._stalls is None
         through_completions = self._runs_through_completions
         sampling = self.on_sample is not None
