@@ -133,7 +133,9 @@ class DecodeRuns:
             rate = self.decode_rate
             kv = self.kv_used
             completing = False
-            while step <= first_finish and clock < start_limit and kv + rate <= capacity:
+            # kv_next is kv + rate, the cache after the next step, made once a step (the stop test reads it,
+            # and the step stores it as the cache).
+            while step <= first_finish and clock < start_limit and (kv_next := kv + rate) <= capacity:
                 if i >= NOISE_BLOCK:
                     self._noise = noise = self._noise_block()
                     i = 0
@@ -159,12 +161,13 @@ class DecodeRuns:
                         clock += dt
                         busy += dt
                         times[j] = clock
-                        kv += rate
+                        kv = kv_next
                         generated += rate
                         if j == last_j:
                             break
                         j += 1
-                        if not (clock < stop_limit and kv + rate <= capacity):
+                        kv_next = kv + rate
+                        if not (clock < stop_limit and kv_next <= capacity):
                             stopped = True
                             break
                 else:
@@ -179,12 +182,13 @@ class DecodeRuns:
                         clock += dt
                         busy += dt
                         times[j] = clock
-                        kv += rate
+                        kv = kv_next
                         generated += rate
                         if j == last_j:
                             break
                         j += 1
-                        if not (clock < stop_limit and kv + rate <= capacity):
+                        kv_next = kv + rate
+                        if not (clock < stop_limit and kv_next <= capacity):
                             stopped = True
                             break
                 ran += i - i_first
