@@ -372,15 +372,15 @@ class EngineReplica(DecodeRuns):
             self.decode_rate -= req.tokens_per_step
             self.kv_used -= (step - req.prefill_end_step) * req.tokens_per_step
         first = req.prefill_end_step
-        block, offset = divmod(first, STEP_BLOCK)
-        if req.tokens_per_step == 1.0 and not req.done_runs and step - first < STEP_BLOCK - offset:
+        base = self._block_base
+        if req.tokens_per_step == 1.0 and not req.done_runs and first >= base:
             # _run_chunks' and _step_span's usual case written out (one token a step, one run, one step block):
-            # the timeline is a view, and its last entry is this step's end.
-            times = self._step_blocks[block][offset : offset + step - first + 1]
-            # Its end read through the current block's memoryview (a float at once) when the step is there (it
-            # is: a completion comes at the step just run), else as a numpy element.
-            at = step - self._block_base
-            self.on_complete(req, self._step_view[at] if at >= 0 else float(times[-1]), times, None)
+            # the timeline is a view, and its last entry is this step's end. A completion comes at the step
+            # just run, which is in the block being filled; so is the run's first step here (first >= base),
+            # so that block holds the whole run, and the step's end is read through its memoryview (a float at
+            # once). A run that began in an earlier block takes _run_chunks (a copy).
+            times = self.step_times[first - base : step - base + 1]
+            self.on_complete(req, self._step_view[step - base], times, None)
             return
         run_tokens = req.spec.output_tokens - req.generated
         times, sizes = self._run_chunks(req, step, run_tokens)
