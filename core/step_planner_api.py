@@ -27,7 +27,7 @@ from core.step_time import StepTimeModel
 
 
 class PlannedRequest(Protocol):
-    """The simulator's request as a planner may see it (core/sim/replica.SimRequest)."""
+    """The simulator's request as a planner may see it (core/sim/sim_request.SimRequest)."""
 
     spec: RequestSpec
     latency_from_s: float  # when its latency clock started (its record's arrival_s)
@@ -40,7 +40,7 @@ class PlannedRequest(Protocol):
 class StepRequest:
     """A request inside a planner-driven replica, with its token timeline so far (kept across preemption)."""
 
-    req: PlannedRequest  # the simulator's request (core/sim/replica.SimRequest)
+    req: PlannedRequest  # the simulator's request (core/sim/sim_request.SimRequest)
     prompt_left: int  # prompt (and, after a preemption, recomputed output) tokens still to prefill
     out_left: int  # output tokens still to produce
     acceptance: float = 0.0  # this request's per-token draft acceptance rate (drawn when it arrives)

@@ -48,7 +48,7 @@ class StepTimeModel:
 
     def decode_step_costs(self, decoding: int, width: int) -> DecodeStepCosts:
         """step_time of a decode-only batch of `decoding` requests at speculation width `width`, split for the
-        simulator's decode runs (core/sim/replica.run_decode_steps), which price such a batch every step.
+        simulator's decode runs (core/sim/decode_runs.run_decode_steps), which price such a batch every step.
 
         Each term is step_time's sum left to right, base + k_tok*tokens + k_ctx*context + k_spec*spec +
         k_seq*seqs, with everything but the context fixed by the batch: (base + k_tok*tokens, k_ctx,

@@ -20,7 +20,7 @@ from core.control.adaserve.scheduler import PrefillLoad, TreeScheduler, roofline
 from core.metrics import summarize
 from core.profile import AdaServeSpec, Profile, load_calibration, load_profile
 from core.records import RequestSLO, RequestSpec
-from core.sim.replica import SimRequest
+from core.sim.sim_request import SimRequest
 from core.step_planner_api import BatchPlan, StepRequest
 from core.step_time import StepTimeModel
 from core.workload import build_load_plan

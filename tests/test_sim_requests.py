@@ -13,7 +13,7 @@ from core.profile import load_profile
 from core.profile.loading import load_calibration
 from core.records import RequestSLO, RequestSpec
 from core.sim.engine import SimEngine
-from core.sim.replica import SimRequest
+from core.sim.sim_request import SimRequest
 from core.workload import build_load_plan
 
 

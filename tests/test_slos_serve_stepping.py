@@ -9,7 +9,7 @@ from core.control.slos_serve.stepping import SlosServeStepPlanner
 from core.controller_api import TIER_BEST_EFFORT, TIER_HIGH
 from core.profile import KnobsSpec
 from core.records import RequestSLO, RequestSpec
-from core.sim.replica import SimRequest
+from core.sim.sim_request import SimRequest
 from core.sim.stepwise import StepwiseReplica
 from core.step_time import StepTimeModel
 from tests.test_sim import tiny_calibration

@@ -21,9 +21,8 @@ keyed by step index; the KV total grows by a maintained sum each step; every ste
 once in shared arrays (blocks of STEP_BLOCK steps), and a request's token timeline is a view of one (chunk i
 of a request is the step it decoded in; a copy for the few that span two blocks). No per-token or
 per-request work happens inside a step.
-Between two events an fcfs replica repeats one decode-only batch, and `run_decode_steps` runs such a
-stretch in one tight loop with the same arithmetic and noise draws as `step_once` (the engine's
-`reference=True` turns it off; tests/test_sim_fast_path.py holds the two equal).
+Between two events an fcfs replica repeats one decode-only batch; decode_runs.py runs such stretches
+(EngineReplica inherits it).
 
 The replica knows nothing of clients or scheduling modes: the simulation (engine.py) enqueues the requests
 its controller releases, and hears of each completion through `on_complete`. Modes that decide batch
@@ -36,93 +35,26 @@ import heapq
 import math
 from array import array
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from core.profile import Calibration, KnobsSpec
 from core.records import RequestSpec
+from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
+from core.sim.decode_runs import DecodeRuns
+from core.sim.sim_request import CompletionCallback, SimRequest
 from core.sim.stalls import StallClock
 from core.step_time import DecodeStepCosts, StepTimeModel, expected_accepted_tokens
 
-NOISE_BLOCK = 65536
-# Step end times are stored in blocks of this many steps. A grown single array kept every outgrown buffer alive
-# (records' chunk times are views into it), about as much again as the times themselves.
-STEP_BLOCK = 1 << 16
 # 0.0, 1.0, 2.0, ...: step counts for _run_chunks' emitted-token arithmetic, made once (a request's run is
 # usually shorter; a longer one makes its own).
 _STEP_COUNTS = np.arange(4096, dtype=np.float64)
 
 
-@dataclass(slots=True, eq=False)
-class SimRequest:
-    """A request inside a replica (one run of it: a preempted request comes back as a new SimRequest).
+class EngineReplica(DecodeRuns):
+    """One vLLM-like engine on the simulation's virtual clock. `clock` is when its next step can start.
 
-    Compared by identity (eq=False): the generated field-by-field __eq__ would compare whole requests
-    wherever one is looked for among others (`prefilling.remove`)."""
-
-    spec: RequestSpec
-    latency_from_s: float  # RequestRecord.arrival_s
-    prompt_left: int  # prompt tokens still to prefill (includes recomputed output after preemption)
-    context: int = 0  # tokens held in KV for this request
-    out_left: int = 0  # output tokens still to produce
-    tokens_per_step: float = 1.0
-    prefill_end_step: int = -1
-    finish_step: int = -1
-    admitted_order: int = 0
-    generated: int = 0  # output tokens streamed so far (before the current run)
-    preemptions: int = 0
-    done_runs: list[tuple[np.ndarray, np.ndarray | None]] = field(default_factory=list)
-    alive: bool = True  # False once preempted out of the decode heap (lazy heap deletion)
-    sent_s: float = 0.0  # when it actually left the client
-    dispatched_s: float = 0.0  # when the controller released it to this replica
-    # The controller's handle (core/controller_api.ControlledRequest); None on the fcfs fast path.
-    controlled: Any = None
-    tier: str | None = None
-
-    @classmethod
-    def arrived(
-        cls,
-        spec: RequestSpec,
-        latency_from_s: float,
-        sent_s: float,
-        dispatched_s: float,
-        controlled: Any,
-        tier: str | None,
-    ) -> SimRequest:
-        """A request's first run, as it enters a replica: the whole prompt and output still to go.
-
-        Built positionally, every field in order with the defaults written out: 0.9 us against 1.8 with
-        keywords, once per request (tests/test_sim_requests.py holds it to the keyword form)."""
-        return cls(
-            spec,
-            latency_from_s,
-            spec.prompt_tokens,
-            0,
-            spec.output_tokens,
-            1.0,
-            -1,
-            -1,
-            0,
-            0,
-            0,
-            [],
-            True,
-            sent_s,
-            dispatched_s,
-            controlled,
-            tier,
-        )
-
-
-# (request, end time, chunk times, chunk sizes or None for one token per chunk)
-CompletionCallback = Callable[[SimRequest, float, np.ndarray, "np.ndarray | None"], None]
-
-
-class EngineReplica:
-    """One vLLM-like engine on the simulation's virtual clock. `clock` is when its next step can start."""
+    Its decode runs (run_decode_steps, decode_run) are inherited from DecodeRuns (decode_runs.py)."""
 
     def __init__(
         self,
@@ -287,170 +219,6 @@ class EngineReplica:
         need = self._blocks(req.context + req.prompt_left + 1) - req.context
         return self.kv_used + need <= self.kv_capacity
 
-    def run_decode_steps(
-        self,
-        clock_floor: float,
-        send_s: float,
-        until_s: float,
-        sample_s: float,
-        *,
-        through_completions: Callable[[], bool] | None = None,
-    ) -> int:
-        """Run, one after another, the engine steps that only decode and change nothing else; returns how many.
-
-        Between two events (an arrival, a completion, a KV overflow, a prefill chunk) every step of this
-        replica is the same batch: all decoding requests, nothing admitted. Only the context grows (by the
-        maintained decode rate), so each step is priced and timed here with exactly the arithmetic of
-        step_once, in the same order and with the same noise draw, minus the per-step batch formation.
-
-        A step runs only if it starts before `send_s` (the next client send: it would join the queue),
-        its replica clock is before `until_s` (advance_until stops there), leaves the KV cache within
-        capacity, and no waiting request could be admitted (that test is monotone here: the cache only
-        grows). A batch's run ends with the step at the decode heap's earliest finish step: that step is the
-        same batch too, and its completions are handled here as step_once's tail does. A completion changes
-        the batch, so the call returns there, unless `through_completions` says, asked after the completions,
-        that they moved no client send (an open loop with nobody waiting for an in-flight slot): then the next
-        batch runs on in this call if it passes every test the caller's next call would make (the sample,
-        send and until tests, decoding requests left, no admission now that the cache has room). The steps
-        also stop after the first one whose end reaches `sample_s`, so the caller samples the engine exactly
-        where step_once would."""
-        if self.prefilling or not self.decoding or self._stalls is not None or self.admits_head():
-            return 0
-        return self.decode_run(clock_floor, send_s, until_s, sample_s, through_completions)
-
-    def decode_run(
-        self,
-        clock_floor: float,
-        send_s: float,
-        until_s: float,
-        sample_s: float,
-        through_completions: Callable[[], bool] | None,
-    ) -> int:
-        """run_decode_steps past its entry test (nothing prefilling, requests decoding, no stalls, no admission
-        due), which the caller has made: fcfs's hot loop (engine._advance_passthrough) tests the admission
-        itself first (98k of its 183k calls would return at once), so the test is not made twice."""
-        # The steps run in stretches that need neither a new noise block nor a new step block (both are made
-        # only when a step is about to use them, as step_once makes them: a noise block draws from the shared
-        # rng). Within a stretch each step is priced, timed and stored with step_once's arithmetic, its end
-        # written through the block's memoryview (half numpy's item assignment: 666k steps in a 100k bench-chat
-        # run). The clock, the noise and the step blocks stay in locals from one batch to the next (154k
-        # batches in 92k calls); each batch reads what its completions changed (the cache, the decode rate).
-        heap = self.decode_heap
-        capacity = self.kv_capacity
-        clock = self.clock
-        busy = self.busy_s
-        generated = self.generated_tokens
-        step = self.step
-        noise = self._noise
-        i = self._noise_i
-        times = self._step_view
-        base = self._block_base
-        # The caller's tests on max(clock, clock_floor), split (for floats, max(c, f) < x is c < x and f < x):
-        # the floor's half is fixed for the run, so a step starts while clock < start_limit, and the run stops
-        # after a step whose clock reaches sample_limit. After a step that completes nothing, both tests come
-        # one after the other with nothing between them, so the stretch tests clock < stop_limit once.
-        start_limit = (until_s if until_s < send_s else send_s) if clock_floor < send_s else -math.inf
-        sample_limit = sample_s if clock_floor < sample_s else -math.inf
-        stop_limit = start_limit if start_limit < sample_limit else sample_limit
-        ran = 0
-        while True:
-            # One batch: its steps up to the decode heap's earliest finish step.
-            first_finish = heap[0][0] if heap else math.inf
-            costs = self._decode_terms.get(self.decoding)
-            if costs is None:
-                costs = self._decode_terms[self.decoding] = self.model.decode_step_costs(self.decoding, self.width)
-            floor_s, varying, single = costs
-            if single is not None:
-                single_fixed, single_k_ctx, single_tail = single
-            rate = self.decode_rate
-            kv = self.kv_used
-            completing = False
-            while step <= first_finish and clock < start_limit and kv + rate <= capacity:
-                if i >= NOISE_BLOCK:
-                    self._noise = noise = self._noise_block()
-                    i = 0
-                if step - base >= STEP_BLOCK:
-                    self._next_step_block()
-                    times = self._step_view
-                    base = self._block_base
-                # The stretch ends at the completing step, the block's last step or the noise block's last draw.
-                last = first_finish
-                if base + (STEP_BLOCK - 1) < last:
-                    last = base + (STEP_BLOCK - 1)
-                if step + (NOISE_BLOCK - 1 - i) < last:
-                    last = step + (NOISE_BLOCK - 1 - i)
-                j = step - base
-                last_j = last - base
-                i_first = i
-                stopped = False
-                if single is not None:
-                    while True:
-                        value = single_fixed + single_k_ctx * kv + single_tail
-                        dt = (value if value > floor_s else floor_s) * noise[i]
-                        i += 1
-                        clock += dt
-                        busy += dt
-                        times[j] = clock
-                        kv += rate
-                        generated += rate
-                        if j == last_j:
-                            break
-                        j += 1
-                        if not (clock < stop_limit and kv + rate <= capacity):
-                            stopped = True
-                            break
-                else:
-                    while True:
-                        best = floor_s
-                        for fixed, k_ctx, spec_part, seq_part in varying:
-                            value = fixed + k_ctx * kv + spec_part + seq_part
-                            if value > best:
-                                best = value
-                        dt = best * noise[i]
-                        i += 1
-                        clock += dt
-                        busy += dt
-                        times[j] = clock
-                        kv += rate
-                        generated += rate
-                        if j == last_j:
-                            break
-                        j += 1
-                        if not (clock < stop_limit and kv + rate <= capacity):
-                            stopped = True
-                            break
-                ran += i - i_first
-                step = base + j
-                if stopped:
-                    break
-                if step == first_finish:
-                    completing = True
-                    break
-                step += 1
-                if clock >= sample_limit:
-                    break
-            self.kv_used = kv
-            self.clock = clock
-            self.busy_s = busy
-            self.generated_tokens = generated
-            self.step = step
-            self._noise_i = i
-            if not completing:
-                return ran
-            # The step that completes requests: step_once's tail (its KV check cannot fire: kv + rate fit).
-            while heap and heap[0][0] <= step:
-                _, _, req = heapq.heappop(heap)
-                if req.alive:
-                    self._complete(req, step)
-            step += 1
-            self.step = step
-            if through_completions is None or not through_completions():
-                return ran
-            # What the caller's loop would test before its next call (the sample first: it samples there).
-            now = clock if clock > clock_floor else clock_floor
-            if now >= sample_s or now >= send_s or clock >= until_s or not self.decoding or self.admits_head():
-                return ran
-
     def step_once(self) -> bool:
         """Form one batch and execute it. Returns False when there was nothing to run.
 
@@ -604,15 +372,15 @@ class EngineReplica:
             self.decode_rate -= req.tokens_per_step
             self.kv_used -= (step - req.prefill_end_step) * req.tokens_per_step
         first = req.prefill_end_step
-        block, offset = divmod(first, STEP_BLOCK)
-        if req.tokens_per_step == 1.0 and not req.done_runs and step - first < STEP_BLOCK - offset:
+        base = self._block_base
+        if req.tokens_per_step == 1.0 and not req.done_runs and first >= base:
             # _run_chunks' and _step_span's usual case written out (one token a step, one run, one step block):
-            # the timeline is a view, and its last entry is this step's end.
-            times = self._step_blocks[block][offset : offset + step - first + 1]
-            # Its end read through the current block's memoryview (a float at once) when the step is there (it
-            # is: a completion comes at the step just run), else as a numpy element.
-            at = step - self._block_base
-            self.on_complete(req, self._step_view[at] if at >= 0 else float(times[-1]), times, None)
+            # the timeline is a view, and its last entry is this step's end. A completion comes at the step
+            # just run, which is in the block being filled; so is the run's first step here (first >= base),
+            # so that block holds the whole run, and the step's end is read through its memoryview (a float at
+            # once). A run that began in an earlier block takes _run_chunks (a copy).
+            times = self.step_times[first - base : step - base + 1]
+            self.on_complete(req, self._step_view[step - base], times, None)
             return
         run_tokens = req.spec.output_tokens - req.generated
         times, sizes = self._run_chunks(req, step, run_tokens)

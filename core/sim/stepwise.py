@@ -27,7 +27,8 @@ from operator import attrgetter, itemgetter
 import numpy as np
 
 from core.profile import Calibration, KnobsSpec
-from core.sim.replica import CompletionCallback, EngineReplica, SimRequest
+from core.sim.replica import EngineReplica
+from core.sim.sim_request import CompletionCallback, SimRequest
 from core.step_planner_api import BatchPlan, StepPlanner, StepRequest, draw_accepted, plan_fcfs_prefill
 
 _second = itemgetter(1)  # (request, tokens) -> tokens
