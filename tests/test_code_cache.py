@@ -71,3 +71,12 @@ def test_unreadable_or_foreign_cache_is_ignored(tmp_path: Path) -> None:
     assert CodeCache(path, {}).codes == {}
     path.write_bytes(b"\0\0\0\0" + marshal.dumps({("exec", "x = 1"): compile("x = 1", "<string>", "exec")}))
     assert CodeCache(path, {}).codes == {}
+
+
+def test_namedtuple_eval_is_cached(tmp_path: Path) -> None:
+    cache = CodeCache(tmp_path / "c.marshal", {})
+    namespace = {"_tuple_new": tuple.__new__, "__builtins__": {}, "__name__": "namedtuple_P"}
+    new = cache.eval("lambda _cls, a, b: _tuple_new(_cls, (a, b))", namespace)
+    assert new(tuple, 1, 2) == (1, 2) and new.__name__ == "<lambda>"
+    assert ("eval", "lambda _cls, a, b: _tuple_new(_cls, (a, b))") in cache.codes
+    assert cache.eval("  1 + 1", {}) == 2  # leading blanks stripped, as `eval` does
