@@ -5,7 +5,7 @@ Python 3.11's `@dataclass` writes each class's `__init__`, `__repr__`, `__eq__`,
 and `__delattr__` as source text and compiles it with `exec`, in every process, every time: the ~86
 dataclasses a batch run creates (36 of them the project's, the rest pydantic's and annotated_types') made
 366 such texts, 0.21 MB of source whose parsing and compiling was 8% of a one-request `--batch` run's
-instructions (docs/simulator.md, "Start-up: generated code"). The compiled code objects depend only on that
+instructions (docs/speed-log.md, "Start-up: generated code"). The compiled code objects depend only on that
 text and the interpreter, so this module keeps them in a marshal file beside the package's `.pyc` files and
 hands `dataclasses` the cached code object instead of the text: `exec(code)` makes the same functions as
 `exec(text)` (compiled here with the same filename and mode, and without inheriting this module's compiler

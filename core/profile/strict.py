@@ -3,7 +3,7 @@
 The modules that define the models evaluate their annotations when the class is made, without
 `from __future__ import annotations`: with postponed annotations pydantic gets each field's type as text and
 compiles and evaluates it (a `typing.ForwardRef` per field): 16M instructions, 1.2% of a one-request batch
-run (docs/simulator.md, "Start-up").
+run (docs/speed-log.md, "Start-up").
 """
 
 from pydantic import BaseModel, ConfigDict

@@ -130,7 +130,7 @@ class SimSegmentRunner:
         stand for the larger values only, and the largest most often stands for the rest: every value at or
         above a client cap, core/sim/reach.py); then whatever those runs do not stand for. Points left out
         are answered by `measure` from the runs that stand for them. On quickstart's 405 configurations this
-        measures 225 (docs/simulator.md, "The tune's sweep")."""
+        measures 225 (docs/speed-log.md, "The tune's sweep")."""
         tops: dict[tuple[int, bool, int], Point] = {}
         for point in points:
             chain = (point.spec_width, point.spec_on, point.concurrency)
