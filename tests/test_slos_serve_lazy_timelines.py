@@ -28,29 +28,27 @@ REQUESTS = 300
 def _run(
     monkeypatch: pytest.MonkeyPatch, profile: str, *, lazy: bool, reference: bool = False
 ) -> tuple[list[RequestRecord], list[EngineSample], list[tuple[Any, ...]], list[int]]:
-    """One run, with every progress report to the virtual replicas and, at each `sync`, the log's length."""
+    """One run, with the virtual replicas' records after every progress report and, at each `sync`, the log's
+    length."""
     observed: list[tuple[Any, ...]] = []
     logged: list[int] = []
     with monkeypatch.context() as patch:
         original_init = stepping.SlosServeStepPlanner.__init__
-        original_observe = VirtualReplica.observe
         original_sync = stepping.SlosServeStepPlanner.sync
 
         def init(self: stepping.SlosServeStepPlanner, *args: Any, **kwargs: Any) -> None:
             original_init(self, *args, **kwargs)
             self.lazy_timelines = lazy
 
-        def observe(self: VirtualReplica, *args: Any) -> None:
-            observed.append((self.index, *args))
-            original_observe(self, *args)
-
         def sync(self: stepping.SlosServeStepPlanner, virtual: VirtualReplica) -> None:
             if self.replica is not None:
                 logged.append(len(self.replica.stretch_log))
             original_sync(self, virtual)
+            # What the controller's virtual replica holds after the progress report (sync writes it in place).
+            for rid, t in virtual.requests.items():
+                observed.append((virtual.index, rid, t.prefill_left, t.decode_left, t.decode_start_s))
 
         patch.setattr(stepping.SlosServeStepPlanner, "__init__", init)
-        patch.setattr(VirtualReplica, "observe", observe)
         patch.setattr(stepping.SlosServeStepPlanner, "sync", sync)
         records, samples = run_profile(profile, "slos-serve", reference=reference, requests=REQUESTS)
     return records, samples, observed, logged

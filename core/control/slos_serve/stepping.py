@@ -468,9 +468,20 @@ class SlosServeStepPlanner:
         replica = self.replica
         if replica is None:
             return
+        # VirtualReplica.observe's writes, inline (one report per running request per decision: ~18 a decision);
+        # tests/test_slos_serve_lazy_timelines.py holds the virtual records after each sync to the reference's.
+        tracked = virtual.requests
         for item in replica.prefilling:
-            virtual.observe(item.req.spec.request_id, item.prompt_left, max(0, item.out_left - 1), None)
+            record = tracked.get(item.req.spec.request_id)
+            if record is not None:
+                record.prefill_left = item.prompt_left
+                record.decode_left = max(0, item.out_left - 1)
         logged = len(replica.stretch_log)  # the stretch steps each decoding request is owed from its owed_from on
         for item in replica.decoding:
-            first = item.chunk_times[0] if item.chunk_times else None
-            virtual.observe(item.req.spec.request_id, 0, item.out_left + item.owed_from - logged, first)
+            record = tracked.get(item.req.spec.request_id)
+            if record is not None:
+                record.prefill_left = 0
+                record.decode_left = item.out_left + item.owed_from - logged
+                times = item.chunk_times
+                if times:
+                    record.decode_start_s = times[0]
