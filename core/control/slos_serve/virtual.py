@@ -113,16 +113,6 @@ class VirtualReplica:
     def remove(self, request_id: int) -> None:
         self.requests.pop(request_id, None)
 
-    def observe(self, request_id: int, prefill_left: int, decode_left: int, decode_start_s: float | None) -> None:
-        """Real progress reported by the engine (simulator step planner)."""
-        tracked = self.requests.get(request_id)
-        if tracked is None:
-            return
-        tracked.prefill_left = prefill_left
-        tracked.decode_left = decode_left
-        if decode_start_s is not None:
-            tracked.decode_start_s = decode_start_s
-
     def advance(self, now: float) -> None:
         """Move the virtual execution forward to `now` (fluid: one rate for the whole interval)."""
         dt = now - self.clock
