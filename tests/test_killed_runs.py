@@ -2,7 +2,8 @@
 same answer.
 
 A SIGKILL runs no handler, no `finally`: whatever was being written stays as it is. The guarantee
-(core/durable_files.py): every JSONL file parses line by line (no torn last line); summary.json,
+(core/durable_files.py): every JSONL line parses, but a last line the kernel cut at a page boundary (no
+newline, the file's size a multiple of the page size), which readers drop; summary.json,
 factsheet.json/.md, calibration.yaml and sweep.json are absent or whole; a `--resume` of a killed or
 interrupted tune finishes from its journal with the answer an uninterrupted run gives (same seed).
 The tune journal's own resume tests are in test_tune_resume.py; SIGKILL with a vLLM in test_vllm_kill.py.
@@ -29,7 +30,7 @@ from core.backend_api import LoadPlan, RunOutcome
 from core.calibrate.sweep import run_sweep
 from core.calibrate.sweep_points import SweepSettings
 from core.calibrate.sweep_targets import SimTarget
-from core.durable_files import JsonlAppender, replace_atomically
+from core.durable_files import JsonlAppender, replace_atomically, whole_lines
 from core.profile import load_profile
 from core.serve.process_group import group_members
 from tests.fakes import REPO, events
@@ -40,12 +41,17 @@ from tests.test_tune_resume import journal_segments, slow_profile, tune_command
 WHOLE_FILES = ("summary.json", "factsheet.json", "factsheet.md", "calibration.yaml", "sweep.json")
 
 
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
 def assert_every_file_whole(out: Path) -> None:
-    """Every JSONL line parses and ends with its newline; each whole-file output is absent or complete."""
+    """Every JSONL line parses and ends with its newline, but a last line torn where the kernel stops a write
+    for SIGKILL (a page boundary); each whole-file output is absent or complete."""
     for path in out.glob("*.jsonl"):
         data = path.read_bytes()
-        assert not data or data.endswith(b"\n"), f"{path.name}: torn last line {data[-80:]!r}"
-        for number, line in enumerate(data.splitlines(), start=1):
+        torn = not data.endswith(b"\n") and bool(data)
+        assert not torn or len(data) % PAGE_SIZE == 0, f"{path.name}: torn last line {data[-80:]!r} off a page boundary"
+        for number, line in enumerate(whole_lines(data), start=1):
             try:
                 json.loads(line)
             except ValueError:
@@ -101,8 +107,28 @@ def test_a_jsonl_line_is_one_system_call_and_survives_a_sigkill_loop(tmp_path: P
         if proc.poll() is None:
             proc.kill()
     assert_every_file_whole(tmp_path)
-    numbers = [json.loads(line)["i"] for line in path.read_bytes().splitlines()]
+    data = path.read_bytes()
+    numbers = [json.loads(line)["i"] for line in whole_lines(data)]
     assert numbers == list(range(len(numbers))) and len(numbers) > 100
+    # A torn tail (1 kill in ~60 here) is the start of exactly the next line, nothing else.
+    tail = data[data.rfind(b"\n") + 1 :]
+    n = len(numbers)
+    assert json.dumps({"i": n, "pad": "z" * (n % 3000)}).encode().startswith(tail)
+
+
+def test_only_a_last_line_cut_at_a_page_boundary_counts_as_killed_mid_write(tmp_path: Path) -> None:
+    line = b'{"pad": "' + b"z" * 90 + b'"}\n'
+    whole = line * (2 * PAGE_SIZE // len(line) + 1)
+    (tmp_path / "a.jsonl").write_bytes(whole[: 2 * PAGE_SIZE])  # what a SIGKILL between two page copies leaves
+    assert_every_file_whole(tmp_path)
+    assert len(whole_lines((tmp_path / "a.jsonl").read_bytes())) == 2 * PAGE_SIZE // len(line)
+    for damaged in (
+        whole[: 2 * PAGE_SIZE - 7],
+        whole[: len(line)] + whole[len(line) + 9 :],
+    ):  # off a page; torn inside the file
+        (tmp_path / "a.jsonl").write_bytes(damaged)
+        with pytest.raises(AssertionError):
+            assert_every_file_whole(tmp_path)
 
 
 def test_replace_atomically_keeps_the_old_file_until_the_new_one_is_whole(tmp_path: Path, monkeypatch: Any) -> None:

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from core.durable_files import JsonlAppender
+from core.durable_files import JsonlAppender, whole_lines
 from core.profile import ProfileError
 from core.tune.score import Segment
 
@@ -42,17 +42,15 @@ class Journal:
     # ------------------------------------------------------------ reading
 
     def _load_for_resume(self) -> None:
-        lines = self.path.read_bytes().split(b"\n")
         good: list[bytes] = []
         found_header: dict[str, Any] | None = None
-        for number, raw in enumerate(lines, start=1):
+        # A last line without its newline is the torn tail of a killed write (core/durable_files.py): dropped.
+        for number, raw in enumerate(whole_lines(self.path.read_bytes()), start=1):
             if not raw.strip():
                 continue
             try:
                 entry = json.loads(raw)
             except json.JSONDecodeError:
-                if number >= len(lines) - 1:
-                    break  # the torn tail of a killed write: drop it
                 raise ProfileError(
                     f"{self.path}: line {number} is not JSON; the journal is damaged, move it away to start over"
                 ) from None
