@@ -10,7 +10,8 @@ views where possible so the simulator can hand out 100k records without copying 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Any
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 import numpy as np
@@ -31,12 +32,17 @@ class Status(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+
 class RequestSLO:
     """Latency objectives for one request; None means the objective does not apply."""
 
     e2e_s: float | None = None
     ttft_s: float | None = None
     tpot_s: float | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @dataclass(slots=True)
@@ -169,7 +175,7 @@ class RequestRecord:
     def _of_spec(
         cls,
         spec: RequestSpec,
-        arrival_s: float | None,
+        arrival_s: float,
         warmup: bool,
         status: Status,
         end_s: float | None,
