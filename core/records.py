@@ -10,9 +10,9 @@ views where possible so the simulator can hand out 100k records without copying 
 
 from __future__ import annotations
 
-from typing import Any
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -32,7 +32,6 @@ class Status(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
-
 class RequestSLO:
     """Latency objectives for one request; None means the objective does not apply."""
 

@@ -16,8 +16,8 @@ packages imports the other.
 from __future__ import annotations
 
 import math
-from typing import Any
 from dataclasses import dataclass, fields
+from typing import Any
 
 from core.profile import Calibration
 
@@ -27,7 +27,6 @@ DecodeStepCosts = tuple[float, list[tuple[float, float, float, float]], "tuple[f
 
 
 @dataclass(frozen=True, slots=True)
-
 class StepTimeModel:
     # Columns of the terms, flattened for a fast inner loop: (base, per_token, per_ctx, per_spec, per_seq).
     terms: tuple[tuple[float, float, float, float, float], ...]

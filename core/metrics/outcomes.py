@@ -312,7 +312,9 @@ class OutcomeStore:
         )
 
 
-_PER_REQUEST_COLUMNS = tuple(name for name in (f.name for f in fields(RequestOutcomes)) if name not in ("task_code", "task_names"))
+_PER_REQUEST_COLUMNS = tuple(
+    name for name in (f.name for f in fields(RequestOutcomes)) if name not in ("task_code", "task_names")
+)
 
 
 def idle_latency_s(record: RequestRecord, smooth: SmoothGoodputSpec) -> float:

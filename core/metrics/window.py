@@ -32,7 +32,6 @@ _COLUMNS = 9
 
 
 @dataclass(frozen=True, slots=True)
-
 class WindowSnapshot:
     """Metrics over the requests that ended in (now_s - window_s, now_s]. NaN means undefined."""
 
@@ -61,7 +60,6 @@ class WindowSnapshot:
 
 
 @dataclass(frozen=True, slots=True)
-
 class WindowTotals:
     """Cumulative counts since the aggregator was created (warm-up records are counted apart)."""
 

@@ -18,9 +18,8 @@ from array import array
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from mypy_extensions import mypyc_attr
-
 from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
+from core.sim.compile_hints import mypyc_attr
 
 if TYPE_CHECKING:
     from core.sim.sim_request import SimRequest

@@ -20,12 +20,11 @@ from it; `tests/test_sim_reach.py` holds the reused measurement to a fresh one.
 
 from __future__ import annotations
 
-from typing import Any
 from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
-
 class RunReach:
     """The knob values a run stands for: (concurrency, max_num_seqs) pairs whose run is this one.
 

@@ -37,11 +37,11 @@ from array import array
 from collections import deque
 
 import numpy as np
-from mypy_extensions import mypyc_attr
 
 from core.profile import Calibration, KnobsSpec
 from core.records import RequestSpec
 from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
+from core.sim.compile_hints import mypyc_attr
 from core.sim.decode_runs import DecodeRuns
 from core.sim.sim_request import CompletionCallback, SimRequest
 from core.sim.stalls import StallClock

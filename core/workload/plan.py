@@ -12,8 +12,8 @@ costs a few hundred vectorised draws, and an open-ended closed-loop plan never m
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +37,6 @@ DEFAULT_TASK = "default"
 
 
 @dataclass(frozen=True, slots=True)
-
 class ResolvedTask:
     """A task of the mix, ready to sample: its share, samplers, and the SLO that applies to it."""
 
