@@ -24,6 +24,20 @@ def package_version() -> str:
         return "unknown (not installed; pip install -e .)"
 
 
+class _VersionAction(argparse.Action):
+    """--version: the package version, and whether the simulator's hot modules run mypyc-compiled (setup.py).
+
+    Looked up only when asked: finding the modules imports their packages."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args: Any, **_kwargs: Any) -> None:
+        import core
+
+        built = core.compiled()
+        how = f"{len(built)} of {len(core.COMPILED_MODULES)} hot modules compiled" if built else "pure Python"
+        print(f"{parser.prog} {package_version()} ({how})")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     jobs = "; ".join(f"{name}: {spec.description}" for name, spec in JOBS.items())
     parser = argparse.ArgumentParser(
@@ -32,7 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
         "`slo-console gateway --help`: the admission gateway as a standalone server.",
         epilog=EXIT_CODES_HELP,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    parser.add_argument(
+        "--version", action=_VersionAction, nargs=0, help="show the version and whether it runs compiled"
+    )
     parser.add_argument("--batch", action="store_true", help="run headless: JSON Lines on stdout, logs on stderr")
     parser.add_argument("--profile", default=DEFAULT_PROFILE, help="profile YAML path or shipped name")
     parser.add_argument(

@@ -4,3 +4,41 @@ Nothing in core imports Textual or the console package.
 """
 
 __version__ = "0.1.0"
+
+# The hot modules setup.py compiles with mypyc on a regular `pip install .` (editable installs stay pure):
+# benchmarks/mypyc_probe/README.md. Keep core/sim/stepwise.py, core/control, console/ and the pydantic-based
+# modules out (see there why).
+COMPILED_MODULES = (
+    "core.sim.blocks",
+    "core.sim.sim_request",
+    "core.sim.decode_runs",
+    "core.sim.clients",
+    "core.sim.replica",
+    "core.sim.engine",
+    "core.sim.stalls",
+    "core.sim.reach",
+    "core.records",
+    "core.step_time",
+    "core.workload.sending",
+    "core.workload.plan",
+    "core.jobs.run",
+    "core.metrics.window",
+    "core.metrics.outcomes",
+    "core.metrics.itl",
+    "core.metrics.smooth_goodput",
+    "core.backends.sim",
+)
+
+
+def compiled() -> list[str]:
+    """The modules of COMPILED_MODULES that this process loads as mypyc-compiled extensions (empty: pure Python).
+
+    Looks up the modules' files without importing them (each package's __init__ is imported, as for any
+    import).
+    """
+    from importlib.machinery import ExtensionFileLoader
+    from importlib.util import find_spec
+
+    return [
+        name for name in COMPILED_MODULES if isinstance(getattr(find_spec(name), "loader", None), ExtensionFileLoader)
+    ]

@@ -10,8 +10,9 @@ views where possible so the simulator can hand out 100k records without copying 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +38,10 @@ class RequestSLO:
     e2e_s: float | None = None
     ttft_s: float | None = None
     tpot_s: float | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @dataclass(slots=True)
@@ -169,7 +174,7 @@ class RequestRecord:
     def _of_spec(
         cls,
         spec: RequestSpec,
-        arrival_s: float | None,
+        arrival_s: float,
         warmup: bool,
         status: Status,
         end_s: float | None,

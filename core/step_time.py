@@ -16,7 +16,8 @@ packages imports the other.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from core.profile import Calibration
 
@@ -86,6 +87,10 @@ class StepTimeModel:
             if k_tok > 0.0:
                 most = min(most, (budget_s - fixed) / k_tok)
         return most
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 def expected_accepted_tokens(acceptance: float, width: int) -> float:

@@ -8,6 +8,7 @@ closed loops, speculation, chunked prefill) under each scheduling mode, and unde
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def _run(
 def assert_same_records(fast: list[RequestRecord], reference: list[RequestRecord]) -> None:
     assert len(fast) == len(reference)
     for a, b in zip(fast, reference, strict=True):
-        for name in RequestRecord.__slots__:
+        for name in (f.name for f in dataclasses.fields(RequestRecord)):
             left, right = getattr(a, name), getattr(b, name)
             if isinstance(left, np.ndarray) or isinstance(right, np.ndarray):
                 assert left is not None and right is not None, (a.request_id, name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from typing import Any
 
@@ -39,6 +39,11 @@ class RunOptions:
     # Called with each finished record as it finishes (batch streams requests.jsonl with it).
     on_record: Callable[[RequestRecord], None] | None = None
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields (it crosses to --workers processes): compiled by mypyc, the default pickling
+        # restores through __dict__, which a compiled class does not have.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+
 
 @dataclass(slots=True)
 class RunResult:
@@ -56,6 +61,11 @@ class RunResult:
     extra: dict[str, Any] = field(default_factory=dict)
     # The scheduling mode that ran, as the backend reports it (scheduling_mode_that_ran).
     scheduling_mode: SchedulingMode = DEFAULT_MODE
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields (it crosses to --workers processes): compiled by mypyc, the default pickling
+        # restores through __dict__, which a compiled class does not have.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     @property
     def records(self) -> list[RequestRecord]:

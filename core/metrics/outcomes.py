@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -312,7 +312,9 @@ class OutcomeStore:
         )
 
 
-_PER_REQUEST_COLUMNS = tuple(name for name in RequestOutcomes.__slots__ if name not in ("task_code", "task_names"))
+_PER_REQUEST_COLUMNS = tuple(
+    name for name in (f.name for f in fields(RequestOutcomes)) if name not in ("task_code", "task_names")
+)
 
 
 def idle_latency_s(record: RequestRecord, smooth: SmoothGoodputSpec) -> float:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -54,6 +54,10 @@ class WindowSnapshot:
     def to_dict(self) -> dict[str, Any]:
         return _json_ready(asdict(self))
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+
 
 @dataclass(frozen=True, slots=True)
 class WindowTotals:
@@ -70,6 +74,10 @@ class WindowTotals:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 class WindowedAggregator:

@@ -16,15 +16,18 @@ import heapq
 import math
 from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
+from core.sim.compile_hints import mypyc_attr
 
 if TYPE_CHECKING:
     from core.sim.sim_request import SimRequest
+    from core.sim.stalls import StallClock
     from core.step_time import DecodeStepCosts, StepTimeModel
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class DecodeRuns:
     """run_decode_steps and decode_run, over the fields and methods of EngineReplica (declared here for readers
     and type checkers; replica.py sets and defines them)."""
@@ -36,24 +39,30 @@ class DecodeRuns:
     busy_s: float
     generated_tokens: float
     step: int
-    decoding: int
+    decoding: Any  # stepwise.StepwiseReplica keeps a list here (an interpreted subclass: no native int slot)
     decode_rate: float
     width: int
     model: StepTimeModel
     prefilling: list[SimRequest]
-    _noise: array
+    _noise: array[float]
     _noise_i: int
-    _step_view: memoryview
+    _step_view: memoryview[float]
     _block_base: int
-    _stalls: object | None
+    _stalls: StallClock | None
     _decode_terms: dict[int, DecodeStepCosts]
 
-    if TYPE_CHECKING:
+    # Real (abstract) methods, not TYPE_CHECKING-only declarations: mypyc compiles no conditional class body.
+    def _noise_block(self) -> array[float]:
+        raise NotImplementedError
 
-        def _noise_block(self) -> array: ...
-        def _next_step_block(self) -> None: ...
-        def _complete(self, req: SimRequest, step: int) -> None: ...
-        def admits_head(self) -> bool: ...
+    def _next_step_block(self) -> None:
+        raise NotImplementedError
+
+    def _complete(self, req: SimRequest, step: int) -> None:
+        raise NotImplementedError
+
+    def admits_head(self) -> bool:
+        raise NotImplementedError
 
     def run_decode_steps(
         self,

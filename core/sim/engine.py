@@ -120,6 +120,7 @@ class SimEngine:
         # In an open loop a completion moves no client send unless a request waits for an in-flight slot
         # (ClientDriver.on_done only counts it; release would send the waiting one now), so a decode run may go
         # on past it (run_decode_steps' through_completions). A closed loop's client sends again after it.
+        self.clients: ClientDriver
         self._runs_through_completions = (lambda: not self.clients.blocked) if plan.mode == "open" else None
         self._held = 0  # requests the policy holds
         self._policy_dirty = False  # something changed since the policy was last asked to release

@@ -20,7 +20,8 @@ from it; `tests/test_sim_reach.py` holds the reused measurement to a fresh one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,10 @@ class RunReach:
         caps = None if self.cap_from is None or other.cap_from is None else max(self.cap_from, other.cap_from)
         seqs = None if self.seqs_above is None or other.seqs_above is None else max(self.seqs_above, other.seqs_above)
         return RunReach(self.concurrency, self.max_num_seqs, seqs, caps)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 def run_reach(

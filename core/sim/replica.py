@@ -41,6 +41,7 @@ import numpy as np
 from core.profile import Calibration, KnobsSpec
 from core.records import RequestSpec
 from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
+from core.sim.compile_hints import mypyc_attr
 from core.sim.decode_runs import DecodeRuns
 from core.sim.sim_request import CompletionCallback, SimRequest
 from core.sim.stalls import StallClock
@@ -51,6 +52,7 @@ from core.step_time import DecodeStepCosts, StepTimeModel, expected_accepted_tok
 _STEP_COUNTS = np.arange(4096, dtype=np.float64)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)
 class EngineReplica(DecodeRuns):
     """One vLLM-like engine on the simulation's virtual clock. `clock` is when its next step can start.
 
@@ -88,7 +90,7 @@ class EngineReplica(DecodeRuns):
         self._step_blocks: list[np.ndarray] = [np.empty(STEP_BLOCK)]
         self.step_times = self._step_blocks[0]
         # step_times as a memoryview: a store through it takes half the time of numpy's item assignment.
-        self._step_view = memoryview(self.step_times)
+        self._step_view = memoryview(self.step_times)  # type: ignore[arg-type]
         self._block_base = 0  # the step index of step_times[0]
         self.busy_s = 0.0
         self.preemptions = 0
@@ -148,7 +150,7 @@ class EngineReplica(DecodeRuns):
 
     # ------------------------------------------------------------ engine step
 
-    def _noise_block(self) -> array:
+    def _noise_block(self) -> array[float]:
         """The next NOISE_BLOCK step-time factors, as an array.array of the same doubles: reading one gives a
         Python float at once (a numpy element read and float() cost about twice as much, once per step), in
         the same 8 bytes a value (a list would hold 32)."""
@@ -183,7 +185,7 @@ class EngineReplica(DecodeRuns):
 
     def _next_step_block(self) -> None:
         self.step_times = np.empty(STEP_BLOCK)
-        self._step_view = memoryview(self.step_times)
+        self._step_view = memoryview(self.step_times)  # type: ignore[arg-type]
         self._step_blocks.append(self.step_times)
         self._block_base += STEP_BLOCK
 

@@ -12,7 +12,8 @@ costs a few hundred vectorised draws, and an open-ended closed-loop plan never m
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -45,6 +46,10 @@ class ResolvedTask:
     output: LengthSampler
     slo: RequestSLO  # the task's own SLO, else the profile's
     acceptance: float | None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 def request_slo(spec: SLOSpec) -> RequestSLO:

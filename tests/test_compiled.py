@@ -1,0 +1,68 @@
+"""The mypyc-compiled install (setup.py) prints what the source tree prints, byte for byte.
+
+Skipped unless SLO_CONSOLE_COMPILED_PYTHON names the python of a regular (non-editable) install of this
+checkout, which setup.py compiles. How CI runs it (a job beside the pure one; the build takes ~1-3 min):
+
+    python -m venv /tmp/venv-compiled && /tmp/venv-compiled/bin/pip install .
+    SLO_CONSOLE_COMPILED_PYTHON=/tmp/venv-compiled/bin/python pytest tests/test_compiled.py
+
+When the variable is set but that install came out pure (setup.py fell back: no compiler, mypyc refused the
+sources), the test fails instead of skipping: the job is there to catch exactly that.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPILED_PYTHON = os.environ.get("SLO_CONSOLE_COMPILED_PYTHON")
+
+pytestmark = pytest.mark.skipif(not COMPILED_PYTHON, reason="SLO_CONSOLE_COMPILED_PYTHON is unset")
+
+# fcfs (the compiled fast path), and slos-serve (the interpreted step-by-step replica on the compiled base).
+CASES = {
+    "fcfs-quickstart": ["--profile", str(ROOT / "profiles/quickstart.yaml")],
+    "fcfs-bench-3k": ["--profile", str(ROOT / "profiles/bench-chat.yaml"), "--requests", "3000"],
+    "slos-serve-quickstart-500": [
+        "--profile",
+        str(ROOT / "profiles/quickstart.yaml"),
+        "--mode",
+        "slos-serve",
+        "--requests",
+        "500",
+    ],
+}
+
+
+def _installed(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The installed package, from outside the checkout so that the checkout's core/ cannot shadow it."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run([COMPILED_PYTHON or "", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_install_is_compiled(tmp_path: Path) -> None:
+    proc = _installed(["-c", "import core; print(len(core.compiled()), len(core.COMPILED_MODULES))"], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    built, listed = map(int, proc.stdout.split())
+    assert built == listed > 0, f"{COMPILED_PYTHON}'s install is not (fully) compiled: {built} of {listed}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_compiled_stdout_equals_the_source_tree(case: str, tmp_path: Path) -> None:
+    args = ["-m", "console", "--batch", *CASES[case]]
+    compiled = _installed(args, tmp_path)
+    source = subprocess.run(
+        [sys.executable, *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert compiled.returncode == source.returncode == 0, compiled.stderr + source.stderr
+    assert compiled.stdout == source.stdout
