@@ -17,6 +17,8 @@ from core.controller_api import ControlledRequest
 from core.serve.install_probe import ENV_VLLM_PYTHON
 
 REPO = Path(__file__).resolve().parent.parent
+# The published factsheet schema in this checkout (core.factsheet.schema writes it; a wheel does not ship it).
+PUBLISHED_SCHEMA = REPO / "schema" / "factsheet.schema.json"
 
 # The python of a real vLLM install for the `vllm`-marked tests; tests/conftest.py skips them when unset.
 VLLM_PYTHON = os.environ.get(ENV_VLLM_PYTHON)

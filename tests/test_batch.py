@@ -93,10 +93,10 @@ def test_out_dir_keeps_events_requests_and_summary(tmp_path: Path) -> None:
     # The factsheet: JSON valid against the published schema, Markdown with the headline and every section.
     import jsonschema
 
-    from core.factsheet import SCHEMA_PATH
+    from tests.fakes import PUBLISHED_SCHEMA
 
     factsheet = json.loads((out / "factsheet.json").read_text())
-    jsonschema.validate(factsheet, json.loads(SCHEMA_PATH.read_text()), cls=jsonschema.Draft202012Validator)
+    jsonschema.validate(factsheet, json.loads(PUBLISHED_SCHEMA.read_text()), cls=jsonschema.Draft202012Validator)
     assert factsheet["performance"]["e2e"]["p99_s"] == pytest.approx(summary["p99_s"], abs=1e-5)
     # It describes the workload that ran (--requests 200), not the profile file's 2,000.
     assert factsheet["workload"]["requests"] == 200

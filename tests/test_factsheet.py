@@ -551,9 +551,9 @@ def test_simulator_run_to_factsheet_files(tmp_path: Path) -> None:
     from core.backends.factory import make_backend
     from core.energy import ModelledEnergy
     from core.events import null_sink
-    from core.factsheet import SCHEMA_PATH
     from core.jobs import RunOptions, run_workload
     from core.profile import load_calibration, load_profile
+    from tests.fakes import PUBLISHED_SCHEMA
 
     profile = load_profile("quickstart")
     result = asyncio.run(run_workload(profile, make_backend("sim", profile), null_sink, RunOptions(requests=120)))
@@ -577,7 +577,7 @@ def test_simulator_run_to_factsheet_files(tmp_path: Path) -> None:
         )
     )
     json_path, markdown_path = write_factsheet(factsheet, tmp_path)
-    schema = json.loads(SCHEMA_PATH.read_text(encoding="utf-8"))
+    schema = json.loads(PUBLISHED_SCHEMA.read_text(encoding="utf-8"))
     jsonschema.validate(json.loads(json_path.read_text()), schema, cls=jsonschema.Draft202012Validator)
     page = markdown_path.read_text()
     assert "| Energy per 1k output tokens |" in page and "| modelled |" in page

@@ -16,12 +16,12 @@ import pytest
 
 from core.events import null_sink
 from core.exit_codes import ExitCode
-from core.factsheet import SCHEMA_PATH
 from core.factsheet.render import render_json, render_markdown
 from core.job_registry import JOBS, JobContext
 from core.jobs.options import JOB_NAMES, OperatorOptions, UsageError
 from core.metrics.verdict import check_slo, slo_verdict
 from core.profile import SCHEDULING_MODES, ProfileError, load_profile
+from tests.fakes import PUBLISHED_SCHEMA
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def validate(factsheet: dict[str, Any]) -> None:
-    schema = json.loads(SCHEMA_PATH.read_text())
+    schema = json.loads(PUBLISHED_SCHEMA.read_text())
     jsonschema.validate(factsheet, schema, cls=jsonschema.Draft202012Validator)
 
 

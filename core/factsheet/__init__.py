@@ -8,10 +8,9 @@ from core.factsheet.build import FactsheetInputs, build_factsheet
 from core.factsheet.host import detect_host, git_revision
 from core.factsheet.model import SCHEMA_VERSION, Factsheet, HostInfo
 from core.factsheet.render import render_json, render_markdown, write_factsheet
-from core.factsheet.schema import SCHEMA_PATH, factsheet_json_schema
+from core.factsheet.schema import factsheet_json_schema
 
 __all__ = [
-    "SCHEMA_PATH",
     "SCHEMA_VERSION",
     "Factsheet",
     "FactsheetInputs",

@@ -13,6 +13,7 @@ from typing import Any
 
 from core.factsheet.model import SCHEMA_VERSION, Factsheet
 
+# The committed file in a checkout (the generator is a developer's tool: an installed package has no schema/).
 SCHEMA_PATH = Path(__file__).resolve().parent.parent.parent / "schema" / "factsheet.schema.json"
 
 
@@ -30,16 +31,16 @@ def schema_text() -> str:
     return json.dumps(factsheet_json_schema(), indent=2, ensure_ascii=False) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, path: Path = SCHEMA_PATH) -> int:
     args = sys.argv[1:] if argv is None else argv
     text = schema_text()
     if "--check" in args:
-        current = SCHEMA_PATH.read_text(encoding="utf-8") if SCHEMA_PATH.exists() else ""
+        current = path.read_text(encoding="utf-8") if path.exists() else ""
         if current != text:
-            print(f"{SCHEMA_PATH} is out of date; run: python -m core.factsheet", file=sys.stderr)
+            print(f"{path} is out of date; run: python -m core.factsheet", file=sys.stderr)
             return 1
         return 0
-    SCHEMA_PATH.parent.mkdir(parents=True, exist_ok=True)
-    SCHEMA_PATH.write_text(text, encoding="utf-8")
-    print(f"wrote {SCHEMA_PATH}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    print(f"wrote {path}")
     return 0
