@@ -52,6 +52,19 @@ def test_the_install_is_compiled(tmp_path: Path) -> None:
     assert built == listed > 0, f"{COMPILED_PYTHON}'s install is not (fully) compiled: {built} of {listed}"
 
 
+def test_this_process_runs_the_compiled_install() -> None:
+    """CI's compiled step runs its subset with --import-mode=append from the install's own python: the
+    modules under test in this process must then be the compiled ones, not the checkout's sources."""
+    proc = subprocess.run(
+        [COMPILED_PYTHON or "", "-c", "import sys; print(sys.prefix)"], capture_output=True, text=True
+    )
+    if proc.stdout.strip() != sys.prefix:
+        pytest.skip("this pytest runs in another environment than the compiled install")
+    import core
+
+    assert sorted(core.compiled()) == sorted(core.COMPILED_MODULES), "run with --import-mode=append"
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_compiled_stdout_equals_the_source_tree(case: str, tmp_path: Path) -> None:
     args = ["-m", "console", "--batch", *CASES[case]]
