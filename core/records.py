@@ -64,6 +64,12 @@ class RequestSpec:
     # Client that sends it (closed loop); None for open-loop arrivals.
     client_id: int | None = None
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields, the same in a compiled and a pure build: it may cross processes (--workers,
+        # Ray), and a Ray worker can run the pure sources of the driver's working directory while the driver
+        # runs the compiled install (mypyc's default pickling and Python's cannot read each other's).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+
 
 @dataclass(slots=True, repr=False)
 class RequestRecord:
@@ -96,6 +102,12 @@ class RequestRecord:
     tier: str | None = None
     replica: int | None = None
     dispatched_s: float | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields, the same in a compiled and a pure build: it may cross processes (--workers,
+        # Ray), and a Ray worker can run the pure sources of the driver's working directory while the driver
+        # runs the compiled install (mypyc's default pickling and Python's cannot read each other's).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     @classmethod
     def from_spec(

@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -75,6 +76,12 @@ class RequestOutcomes:
     attained: np.ndarray  # met every SLO that applies
     idle_s: np.ndarray  # user idle latency (paper 003 eq. 6); NaN when nothing can be said
     benefit: np.ndarray  # paper 003 eq. 7; 0 where idle_s is NaN
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields, the same in a compiled and a pure build: it may cross processes (--workers,
+        # Ray), and a Ray worker can run the pure sources of the driver's working directory while the driver
+        # runs the compiled install (mypyc's default pickling and Python's cannot read each other's).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     def __len__(self) -> int:
         return len(self.arrival_s)
