@@ -104,3 +104,20 @@ def test_compiled_compare_on_two_workers_equals_the_source_tree(tmp_path: Path) 
     assert printed_table(compiled.stderr) == printed_table(source.stderr)
     summaries = [json.loads(proc.stdout.splitlines()[-1]) for proc in (compiled, source)]
     assert without_wall(summaries[0]) == without_wall(summaries[1])
+
+
+# The compiled frozen dataclasses: each unpickles only through its __reduce__ (mypyc's own pickling restores
+# by setattr, which frozen refuses). One made of each, by the install's interpreter.
+FROZEN = """
+import pickle
+from core.control.slos_serve.admission import PlannerSettings
+from core.control.slos_serve.budget import DecodePlan
+for value in (PlannerSettings(512, 4096, 2, 0.7, 0.9, 16), DecodePlan(0.02, 300.0, (0, 2), (1.0, 1.25))):
+    assert pickle.loads(pickle.dumps(value)) == value, value
+print("ok")
+"""
+
+
+def test_compiled_frozen_dataclasses_pickle(tmp_path: Path) -> None:
+    proc = _installed(["-c", FROZEN], tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr
