@@ -6,8 +6,8 @@ Nothing in core imports Textual or the console package.
 __version__ = "0.1.0"
 
 # The hot modules setup.py compiles with mypyc on a regular `pip install .` (editable installs stay pure):
-# benchmarks/mypyc_probe/README.md. Keep core/sim/stepwise.py, core/control, console/ and the pydantic-based
-# modules out (see there why).
+# benchmarks/mypyc_probe/README.md. Keep core/sim/stepwise.py, the other modes' core/control, console/ and the
+# pydantic-based modules out (see there why).
 COMPILED_MODULES = (
     "core.sim.blocks",
     "core.sim.sim_request",
@@ -27,6 +27,12 @@ COMPILED_MODULES = (
     "core.metrics.itl",
     "core.metrics.smooth_goodput",
     "core.backends.sim",
+    "core.control.slos_serve.admission",
+    "core.control.slos_serve.batching",
+    "core.control.slos_serve.budget",
+    "core.control.slos_serve.policy",
+    "core.control.slos_serve.stepping",
+    "core.control.slos_serve.virtual",
 )
 
 

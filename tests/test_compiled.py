@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import json
 import os
 import subprocess
 import sys
@@ -141,3 +142,46 @@ def test_compiled_stdout_equals_the_source_tree(case: str, tmp_path: Path) -> No
     )
     assert compiled.returncode == source.returncode == 0, compiled.stderr + source.stderr
     assert compiled.stdout == source.stdout
+
+
+@needs_compiled
+def test_compiled_compare_on_two_workers_equals_the_source_tree(tmp_path: Path) -> None:
+    """Every mode's run (SLOs-Serve's compiled control modules included) crosses the process pool and back:
+    each compiled class on the way must pickle (a compiled frozen dataclass needs its __reduce__). The
+    table (stderr) and the summary line, wall-clock fields aside, are the source tree's."""
+    from tests.test_executor import printed_table, without_wall
+
+    args = ["-m", "console", "--batch", "--profile", str(ROOT / "profiles/quickstart.yaml"), "--job", "compare"]
+    args += ["--requests", "200", "--workers", "2"]
+    compiled = _installed(args, tmp_path)
+    source = subprocess.run(
+        [sys.executable, *args],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert compiled.returncode == source.returncode == 0, compiled.stderr + source.stderr
+    assert "slos-serve" in compiled.stdout.splitlines()[-1]
+    assert printed_table(compiled.stderr) == printed_table(source.stderr)
+    summaries = [json.loads(proc.stdout.splitlines()[-1]) for proc in (compiled, source)]
+    assert without_wall(summaries[0]) == without_wall(summaries[1])
+
+
+# The compiled frozen dataclasses: each unpickles only through its __reduce__ (mypyc's own pickling restores
+# by setattr, which frozen refuses). One made of each, by the install's interpreter.
+FROZEN = """
+import pickle
+from core.control.slos_serve.admission import PlannerSettings
+from core.control.slos_serve.budget import DecodePlan
+for value in (PlannerSettings(512, 4096, 2, 0.7, 0.9, 16), DecodePlan(0.02, 300.0, (0, 2), (1.0, 1.25))):
+    assert pickle.loads(pickle.dumps(value)) == value, value
+print("ok")
+"""
+
+
+@needs_compiled
+def test_compiled_frozen_dataclasses_pickle(tmp_path: Path) -> None:
+    proc = _installed(["-c", FROZEN], tmp_path)
+    assert proc.returncode == 0 and proc.stdout == "ok\n", proc.stderr

@@ -21,9 +21,12 @@ from core.profile import load_calibration, load_profile
 from core.records import RequestRecord
 from core.sim.engine import SimEngine
 from core.workload import build_load_plan
+from tests.fakes import compiled
 from tests.test_sim_fast_path import assert_same_records
 
 REQUESTS = 500
+# The tests patch VirtualReplica.room, which a compiled policy calls directly (tests.fakes.compiled).
+PATCHED = pytest.mark.skipif(compiled(virtual), reason="patches a method of a mypyc-compiled class")
 
 
 def _quickstart(rate_rps: float) -> list[RequestRecord]:
@@ -57,6 +60,7 @@ def _never_full(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(virtual.VirtualReplica, "room", never)
 
 
+@PATCHED
 @pytest.mark.parametrize("rate_rps", [17.0, 25.5, 34.0])
 def test_full_replicas_skip_the_dp_with_the_same_records(rate_rps: float, monkeypatch: pytest.MonkeyPatch) -> None:
     with monkeypatch.context() as patch:
@@ -69,6 +73,7 @@ def test_full_replicas_skip_the_dp_with_the_same_records(rate_rps: float, monkey
     assert_same_records(fast, reference)
 
 
+@PATCHED
 def test_a_shortcut_one_slot_off_changes_the_records(monkeypatch: pytest.MonkeyPatch) -> None:
     """The comparison above can fail: declaring a replica full one slot early declines requests the DP admits."""
     with monkeypatch.context() as patch:

@@ -19,6 +19,7 @@ from core.backend_api import EngineSample
 from core.control.slos_serve import stepping
 from core.control.slos_serve.virtual import VirtualReplica
 from core.records import RequestRecord
+from tests.fakes import compiled
 from tests.test_sim_fast_path import _run as run_profile
 from tests.test_sim_fast_path import assert_same_records
 
@@ -54,6 +55,9 @@ def _run(
     return records, samples, observed, logged
 
 
+# Turning lazy_timelines off patches SlosServeStepPlanner.__init__, which a compiled policy calls directly
+# (tests.fakes.compiled); test_settle_writes_what_the_log_owes needs no patch to hold and runs there too.
+@pytest.mark.skipif(compiled(stepping), reason="patches a method of a mypyc-compiled class")
 @pytest.mark.parametrize("profile", ["bench-chat", "quickstart", "slos-serve-mixed"])
 def test_lazy_timelines_equal_settled_ones_and_the_reference(monkeypatch: pytest.MonkeyPatch, profile: str) -> None:
     lazy, lazy_samples, lazy_observed, logged = _run(monkeypatch, profile, lazy=True)

@@ -28,8 +28,8 @@ Model (the paper's, in "fluid" token rates):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from core.control.slos_serve.budget import BudgetModel
@@ -75,6 +75,11 @@ class PlannerSettings:
     # The engine's sequence limit (max_num_seqs); None: no limit but memory.
     max_seqs: int | None = None
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: compiled by mypyc, a frozen dataclass does not unpickle otherwise (mypyc's
+        # pickling restores by setattr, which frozen refuses).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+
 
 @dataclass(slots=True)
 class _State:
@@ -117,7 +122,7 @@ def plan_parts(running: Sequence[PlanRequest]) -> RunningParts:
     )
 
 
-def tier_list(tpots: Sequence[float]) -> list[float]:
+def tier_list(tpots: Iterable[float]) -> list[float]:
     """The distinct TPOT SLOs, tightest first (per-TPOT tiers, sec. 3.2.1 "Multi-Decode SLOs")."""
     return sorted(set(tpots))
 
@@ -229,15 +234,15 @@ class AdmissionPlanner:
             for counts, state in states.items():
                 bigger = (*counts[:tier], counts[tier] + 1, *counts[tier + 1 :])
                 if kind == 0:  # running: admitted by force
-                    left = state.budget - req.prefill_tokens
-                    if left >= -EPSILON or state.new == 0:
-                        _keep(grown, bigger, _State(left, state.memory, state.admitted, state.new))
+                    room = state.budget - req.prefill_tokens
+                    if room >= -EPSILON or state.new == 0:
+                        _keep(grown, bigger, _State(room, state.memory, state.admitted, state.new))
                     continue
                 _keep(grown, counts, state)
-                left = state.budget - req.prefill_tokens
+                room = state.budget - req.prefill_tokens
                 memory = state.memory + req.kv_tokens
-                if left >= -EPSILON and memory <= kv_free and state.new < slots_free and deadline > now:
-                    _keep(grown, bigger, _State(left, memory, state.admitted | 1 << pos, state.new + 1))
+                if room >= -EPSILON and memory <= kv_free and state.new < slots_free and deadline > now:
+                    _keep(grown, bigger, _State(room, memory, state.admitted | 1 << pos, state.new + 1))
             states = grown
 
         best: _State | None = None

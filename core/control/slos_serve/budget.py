@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from core.step_time import StepTimeModel, expected_accepted_tokens
@@ -34,6 +34,11 @@ class DecodePlan:
     spec_len: tuple[int, ...]  # drafted tokens verified per request and batch, per tier (0 = autoregressive)
     # Batch tokens spent per output token of a request in each tier: (sl + 1) / Acc(sl).
     cost_per_token: tuple[float, ...]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields: compiled by mypyc, a frozen dataclass does not unpickle otherwise (mypyc's
+        # pickling restores by setattr, which frozen refuses).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     @property
     def supply_tps(self) -> float:
@@ -387,7 +392,8 @@ class BudgetModel:
 def _split_terms(model: StepTimeModel) -> tuple[list[tuple[float, ...]], list[tuple[float, ...]]] | None:
     """The model's terms as (those with a KV cost, the others), each in the model's order; None where a term has
     both a KV and a token cost (batch_at's memo then keeps nothing)."""
-    kv_terms, others = [], []
+    kv_terms: list[tuple[float, ...]] = []
+    others: list[tuple[float, ...]] = []
     for term in model.terms:
         if term[2] == 0.0:
             others.append(term)

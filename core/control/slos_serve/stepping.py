@@ -481,7 +481,7 @@ class SlosServeStepPlanner:
         for item in replica.decoding:
             record = tracked.get(item.req.spec.request_id)
             if record is not None:
-                record.prefill_left = 0
+                record.prefill_left = 0.0  # a float field (mypyc stores no int into it)
                 record.decode_left = item.out_left + item.owed_from - logged
                 times = item.chunk_times
                 if times:
