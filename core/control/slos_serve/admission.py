@@ -52,6 +52,10 @@ class PlanRequest:
     # Decoding requests: when their token pace starts (token k of the remaining is due at start + k * TPOT).
     decode_start_s: float = 0.0
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+
     @property
     def decoding(self) -> bool:
         return self.prefill_tokens <= 0
@@ -62,6 +66,10 @@ class Admission:
     admitted: list[int] = field(default_factory=list)  # new requests' ids, in deadline order
     declined: list[int] = field(default_factory=list)
     prefill_slack_tokens: float = 0.0  # prefill budget left at the last deadline of the chosen plan
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +96,10 @@ class _State:
     admitted: int  # bitmask over new-request positions
     new: int  # how many new requests are admitted
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+
 
 @dataclass(slots=True)
 class RunningParts:
@@ -101,6 +113,10 @@ class RunningParts:
     count: int
     forced: list[PlanRequest]
     decoders: list[tuple[float, float, int]]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 def plan_parts(running: Sequence[PlanRequest]) -> RunningParts:

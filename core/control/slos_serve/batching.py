@@ -16,7 +16,8 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 from core.control.slos_serve.budget import BudgetModel
 from core.step_time import expected_accepted_tokens
@@ -30,6 +31,10 @@ class DecodeTask:
     tokens_left: float
     best_effort: bool = False
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+
 
 @dataclass(slots=True)
 class PrefillTask:
@@ -39,6 +44,10 @@ class PrefillTask:
     best_effort: bool = False
     tpot_s: float = 0.0  # its decode SLO once the prefill is done (schedule_batches)
     decode_tokens: int = 0
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 # Prefill that cannot wait gets this multiple of the least rate that meets every prefill deadline first.
@@ -55,6 +64,10 @@ class StepBatch:
     token_budget: int
     decode: dict[int, int] = field(default_factory=dict)  # request -> positions verified (1 + drafts)
     prefill: dict[int, int] = field(default_factory=dict)  # request -> prompt tokens this batch
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     @property
     def tokens(self) -> int:

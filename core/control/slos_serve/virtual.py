@@ -12,7 +12,8 @@ pricing them as SLO-holding running requests was what made admission far too con
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 from core.control.slos_serve.admission import Admission, AdmissionPlanner, PlanRequest, RunningParts, tier_list
 from core.control.slos_serve.budget import BudgetModel
@@ -31,6 +32,10 @@ class Tracked:
     best_effort: bool = False
     # When its first token came (its decode pace starts there: token k after it is due k TPOTs later).
     decode_start_s: float | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     def as_plan(self) -> PlanRequest:
         # max(0, round(x)) as a comparison (the same int: max keeps round's unless 0 is larger), and the pace's
