@@ -52,6 +52,12 @@ def _installed(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run([COMPILED_PYTHON or "", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
+def _source(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """The checkout's sources (pure Python), by this interpreter."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
 def test_every_dataclass_of_a_compiled_module_pickles_by_its_fields() -> None:
     """mypyc's default pickling of a native class and Python's of a slots dataclass cannot read each other's
     (a pure RequestRecord loads into a compiled one with no fields set), so every dataclass that is compiled
@@ -132,14 +138,7 @@ def test_this_process_runs_the_compiled_install() -> None:
 def test_compiled_stdout_equals_the_source_tree(case: str, tmp_path: Path) -> None:
     args = ["-m", "console", "--batch", *CASES[case]]
     compiled = _installed(args, tmp_path)
-    source = subprocess.run(
-        [sys.executable, *args],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    source = _source(args, tmp_path)
     assert compiled.returncode == source.returncode == 0, compiled.stderr + source.stderr
     assert compiled.stdout == source.stdout
 
@@ -154,14 +153,7 @@ def test_compiled_compare_on_two_workers_equals_the_source_tree(tmp_path: Path) 
     args = ["-m", "console", "--batch", "--profile", str(ROOT / "profiles/quickstart.yaml"), "--job", "compare"]
     args += ["--requests", "200", "--workers", "2"]
     compiled = _installed(args, tmp_path)
-    source = subprocess.run(
-        [sys.executable, *args],
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    source = _source(args, tmp_path)
     assert compiled.returncode == source.returncode == 0, compiled.stderr + source.stderr
     assert "slos-serve" in compiled.stdout.splitlines()[-1]
     assert printed_table(compiled.stderr) == printed_table(source.stderr)
