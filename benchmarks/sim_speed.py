@@ -11,7 +11,10 @@ requests in the batch. It times the inner path of `slo-console --batch --profile
 simulators' inner loops only.
 
 --whole-process times the CLI as a user types it, `slo-console --batch --profile bench-chat --mode M
---requests N` (interpreter start, imports, the JSON event stream to /dev/null, the summary): one warm-up run,
+--requests N` (interpreter start, imports, the JSON event stream to /dev/null, the summary), as this Python
+has it installed: each run starts in an empty directory, so that a checkout's sources in the working directory
+cannot stand in for the install (a `pip install .` is mypyc-compiled; the first line printed says which build
+ran, from `slo-console --version`; PYTHONPATH, if set, still wins, as for any run). One warm-up run,
 then --repeat runs per mode; it prints the median wall time, the median CPU time (user + system, its worker
 processes' included) and the largest peak RSS (of the process or any one worker). `--jobs` times quickstart's
 `--job tune` and `--job capacity` the same way (issue 22's other two targets; the tune's journal goes to a
@@ -75,10 +78,14 @@ def measure(requests: int) -> dict[str, float]:
     }
 
 
+# Where every timed process starts: an empty directory, never a checkout (see the module's docstring).
+RUN_DIR = tempfile.mkdtemp(prefix="sim-speed-")
+
+
 def time_process(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
     """Wall seconds, CPU seconds (user + system) and peak RSS in MiB of one run of `command`."""
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=RUN_DIR)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -144,6 +151,10 @@ def versus_vidur(n: int, repeat: int, vidur: VidurRun) -> None:
 
 
 def whole_process(requests: list[int], modes: list[str], repeat: int, jobs: list[str], vidur: VidurRun | None) -> None:
+    build = subprocess.run(
+        [sys.executable, "-m", "console", "--version"], cwd=RUN_DIR, capture_output=True, text=True, check=True
+    )
+    print(f"timing {build.stdout.strip()}, {sys.executable}")
     print(f"load average before: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'mode':>10} {'requests':>9} {'wall s':>7} {'(min-max)':>15} {'cpu s':>7} {'peak MiB':>9}")
     for job in jobs:
@@ -182,7 +193,7 @@ def main() -> None:
         if python is not None:
             if args.vidur_data is None:
                 parser.error("timing Vidur needs --vidur-data (see benchmarks/vidur_offline.py)")
-            vidur = VidurRun(python, args.vidur_data, args.vidur_cache)
+            vidur = VidurRun(python, args.vidur_data.resolve(), args.vidur_cache.resolve())  # runs start in RUN_DIR
         whole_process(args.requests or [100_000], args.modes, args.repeat, args.jobs, vidur)
         return
     args.requests = args.requests or [10_000, 100_000]
