@@ -33,6 +33,11 @@ COMPILED_MODULES = (
     "core.control.slos_serve.policy",
     "core.control.slos_serve.stepping",
     "core.control.slos_serve.virtual",
+    "core.control.adaserve.policy",
+    "core.control.adaserve.scheduler",
+    "core.control.adaserve.speculation",
+    "core.control.adaserve.step_lengths",
+    "core.control.adaserve.stretch",
 )
 
 

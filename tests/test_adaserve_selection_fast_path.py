@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from core.backend_api import LoadPlan
+from core.control.adaserve import policy as policy_module
 from core.control.adaserve.policy import AdaServePolicy, TreePlanner
 from core.control.adaserve.scheduler import TreeScheduler
 from core.control.adaserve.speculation import (
@@ -31,6 +32,7 @@ from core.control.adaserve.speculation import (
 from core.profile import AdaServeSpec, Calibration, KnobsSpec, load_calibration, load_profile
 from core.records import RequestSLO, RequestSpec
 from core.workload import build_load_plan
+from tests.fakes import compiled
 from tests.test_adaserve_fast_path import Run, _assert_same, _engine_run
 from tests.test_sim import tiny_calibration
 
@@ -164,6 +166,8 @@ def test_the_shared_all_selected_mask_is_all_true_and_read_only() -> None:
         mask[0, 0] = False
 
 
+# Patches TreePlanner._step_columns, which a compiled planner calls directly (tests.fakes.compiled).
+@pytest.mark.skipif(compiled(policy_module), reason="patches a method of a mypyc-compiled class")
 def test_step_columns_hold_each_request_at_its_position(monkeypatch: pytest.MonkeyPatch) -> None:
     """The columns the selection step reads, request by request: this step's entry of each request's randomness
     and, where some request is behind, a need for every request (A(r) - 1 with a TPOT SLO, 0.0 without one,

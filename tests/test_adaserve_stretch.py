@@ -14,12 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from core.control.adaserve import policy as policy_module
 from core.control.adaserve.policy import AdaServePolicy, TreePlanner
 from core.control.adaserve.scheduler import AcceptanceRun, TreeScheduler
 from core.control.adaserve.stretch import SelectionStretch, build_stretch
 from core.profile import load_calibration, load_profile
 from core.step_time import StepTimeModel
 from core.workload import build_load_plan
+from tests.fakes import compiled
 from tests.test_adaserve_fast_path import Run, _assert_same, _engine_run
 
 
@@ -61,9 +63,12 @@ def test_stretches_equal_the_step_by_step_selection(
 
     monkeypatch.setattr(SelectionStretch, "take", counted)
     fast = _profile_run(name, requests, update, True)
+    # A compiled planner calls SelectionStretch.take directly, past the patch (tests.fakes.compiled): there the
+    # runs are compared, not counted.
+    counted_calls = not compiled(policy_module)
     if name == "adaserve-mix" and not update:
         assert not taken
-    else:
+    elif counted_calls:
         assert sum(taken) > 100  # (rows are taken from stretches)
     taken.clear()
     _assert_same(fast, _profile_run(name, requests, update, False))

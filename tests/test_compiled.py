@@ -167,7 +167,9 @@ FROZEN = """
 import pickle
 from core.control.slos_serve.admission import PlannerSettings
 from core.control.slos_serve.budget import DecodePlan
-for value in (PlannerSettings(512, 4096, 2, 0.7, 0.9, 16), DecodePlan(0.02, 300.0, (0, 2), (1.0, 1.25))):
+from core.control.adaserve.scheduler import PrefillLoad
+values = (PlannerSettings(512, 4096, 2, 0.7, 0.9, 16), DecodePlan(0.02, 300.0, (0, 2), (1.0, 1.25)))
+for value in (*values, PrefillLoad(96, 2, 2048, True)):
     assert pickle.loads(pickle.dumps(value)) == value, value
 print("ok")
 """

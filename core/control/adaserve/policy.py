@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, cast
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from core.control.adaserve.scheduler import (
     draw_run,
 )
 from core.control.adaserve.step_lengths import StepLengths
-from core.control.adaserve.stretch import SelectionStretch, advance, build_stretch, stretch_steps
+from core.control.adaserve.stretch import SelectionStretch, Throughput, advance, build_stretch, stretch_steps
 from core.controller_api import ControlledRequest, Policy
 from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.step_planner_api import BatchPlan, StepReplicaView, StepRequest, plan_fcfs_prefill
@@ -54,6 +54,10 @@ class _Tracked:
     first_token_s: float
     output_tokens: int  # the request's output length (its spec's, fixed)
     run: AcceptanceRun  # NOTHING_DRAWN until its first speculating step
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 # A run with no step left: a request's randomness is drawn at its first speculating step, not before.
@@ -113,7 +117,8 @@ class TreePlanner:
                 stretch = self._stretch
                 taken = None
                 if stretch is not None and full is None:
-                    taken = stretch.take(decoding, budget, self.scheduler.shape(n, budget))
+                    # (A stretch is TreeScheduler's: the cast only tells mypy, which mypyc needs.)
+                    taken = stretch.take(decoding, budget, cast(TreeScheduler, self.scheduler).shape(n, budget))
                 steps = 0  # of a stretch built at this step (asked before the columns, which it makes needless)
                 if taken is None:
                     self._stretch = None  # (a step that advances the runs on its own ends the lockstep)
@@ -127,18 +132,21 @@ class TreePlanner:
                     or (full is None and self._throughput is not None and (needs is None or not self._slo_selection))
                 ):
                     # Nobody behind (every bench-chat selection step): the throughput phase, on the columns or
-                    # from the stretch of such steps computed at once (stretch.py).
+                    # from the stretch of such steps computed at once (stretch.py). Each way here has a TreeScheduler
+                    # and its throughput phase (a stretch, or steps > 1, came from it): the casts tell mypy so.
+                    tree = cast(TreeScheduler, self.scheduler)
+                    throughput = cast(Throughput, self._throughput)
                     if taken is not None:
                         counts, emitted = taken
-                        self.scheduler.selection_steps += 1
+                        tree.selection_steps += 1
                     elif steps > 1:
                         advance(decoding)  # (this step's entries, as the columns would take them)
-                        dims = self.scheduler.shape(n, budget)
-                        stretch = self._stretch = build_stretch(decoding, dims, budget, steps, self._throughput)
+                        dims = tree.shape(n, budget)
+                        stretch = self._stretch = build_stretch(decoding, dims, budget, steps, throughput)
                         counts, emitted = stretch.verified[0], stretch.emitted[0]
-                        self.scheduler.selection_steps += 1
+                        tree.selection_steps += 1
                     else:
-                        counted, drawn = self._throughput(columns[: 2 * n], columns[2 * n :], budget)
+                        counted, drawn = throughput(columns[: 2 * n], columns[2 * n :], budget)
                         counts = counted.tolist()
                         emitted = drawn.tolist()
                     verified = budget  # (the phase marks exactly B - n candidates beside the n roots; B > n)

@@ -11,7 +11,8 @@ Both are free of the engine: the stepwise replica's planner (policy.py) feeds th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -47,6 +48,10 @@ class PrefillLoad:
     # Queued requests the step leaves out for want of a sequence slot or KV cache, which decoding requests
     # hold until they finish (not for want of token budget).
     held_back: bool = False
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 NO_PREFILL = PrefillLoad(0, 0, 0)
@@ -90,6 +95,10 @@ class DecodeBatch:
     paired: np.ndarray | None = None
     behind: bool = True  # whether some need may be > 0 (False: the caller checked none is; no SLO phase)
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+
     def __len__(self) -> int:
         return len(self.uniforms)
 
@@ -99,6 +108,10 @@ class StepDecision:
     verified: np.ndarray  # (n,) positions verified: 1 (the root) + draft tokens
     emitted: np.ndarray  # (n,) tokens emitted: 1 + accepted draft tokens
     spec_steps: int  # the draft model's sequential passes (0: no speculation this step)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @dataclass(slots=True)
@@ -116,6 +129,10 @@ class AcceptanceRun:
     truth_list: list[float] = field(default_factory=list)
     estimate_list: list[float] = field(default_factory=list)
     uniform_list: list[float] = field(default_factory=list)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     def __post_init__(self) -> None:
         # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same); the truth is.

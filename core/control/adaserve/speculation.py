@@ -26,7 +26,8 @@ walk reaches at most one node per depth, so those events are disjoint).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -49,6 +50,10 @@ class CandidateShape:
     level_onehot: np.ndarray  # (N, d) float: column k-1 marks the nodes at depth k
     exponents: tuple[np.ndarray, np.ndarray]  # (N,) float each: depth and offset, the exponents of a and 1 - a
     size: int  # N
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @functools.lru_cache(maxsize=256)
@@ -172,6 +177,10 @@ class Selection:
     slo_total: int = 0  # slo_counts.sum()
     behind: int = 0  # requests behind their TPOT SLO (need > 0) that the SLO-customized phase served
     beyond_tree: int = 0  # of which needing more than the tree's depth of accepted drafts (A(r) > d + 1)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     @property
     def verified_tokens(self) -> int:

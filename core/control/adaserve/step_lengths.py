@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class StepLengths:
     """A replica's step lengths as running sums, so the mean of the last k steps costs O(1)."""
 
-    KEEP = 1 << 16  # steps kept (more than any request's output tokens; older ones are dropped in halves)
+    # Steps kept (more than any request's output tokens; older ones are dropped in halves). ClassVar: policy.py
+    # reads it through the class, which mypyc allows only for a declared class attribute.
+    KEEP: ClassVar[int] = 1 << 16
 
     def __init__(self) -> None:
         self.sums = [0.0]  # sums[i]: the first i steps kept, in seconds

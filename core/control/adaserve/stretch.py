@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any
 
 import numpy as np
 
@@ -54,6 +55,10 @@ class SelectionStretch:
     start: int = 0  # the first step selected at `budget`
     verified: list[list[int]] = field(default_factory=list)  # [step - start][request]
     emitted: list[list[int]] = field(default_factory=list)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     def select(self, start: int, budget: int) -> None:
         """Select the steps from `start` on at budget B, at most SELECT_STEPS of them (B changes every few
