@@ -10,11 +10,13 @@ views where possible so the simulator can hand out 100k records without copying 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 import numpy as np
+
+from core.pickling import reduce_by_fields
 
 
 class Status(StrEnum):
@@ -40,8 +42,7 @@ class RequestSLO:
     tpot_s: float | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(slots=True)
@@ -65,10 +66,7 @@ class RequestSpec:
     client_id: int | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields, the same in a compiled and a pure build: it may cross processes (--workers,
-        # Ray), and a Ray worker can run the pure sources of the driver's working directory while the driver
-        # runs the compiled install (mypyc's default pickling and Python's cannot read each other's).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(slots=True, repr=False)
@@ -104,10 +102,7 @@ class RequestRecord:
     dispatched_s: float | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields, the same in a compiled and a pure build: it may cross processes (--workers,
-        # Ray), and a Ray worker can run the pure sources of the driver's working directory while the driver
-        # runs the compiled install (mypyc's default pickling and Python's cannot read each other's).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     @classmethod
     def from_spec(

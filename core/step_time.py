@@ -16,9 +16,10 @@ packages imports the other.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from core.pickling import reduce_by_fields
 from core.profile import Calibration
 
 # A decode-only batch's step cost (StepTimeModel.decode_step_costs): (floor, the terms that grow with the context
@@ -89,8 +90,7 @@ class StepTimeModel:
         return most
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 def expected_accepted_tokens(acceptance: float, width: int) -> float:

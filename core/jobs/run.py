@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +17,7 @@ from core.backends.account import client_account
 from core.energy import EnergyMeter, EnergyReading, UnavailableMeter, auto_meter
 from core.events import EventSink, make_event, null_sink
 from core.metrics import Summary, WindowedAggregator, summarize
+from core.pickling import reduce_by_fields
 from core.profile import DEFAULT_MODE, KnobsSpec, Profile, SchedulingMode, parse_scheduling_mode
 from core.records import RequestRecord, Status
 from core.workload import build_load_plan
@@ -40,9 +41,7 @@ class RunOptions:
     on_record: Callable[[RequestRecord], None] | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields (it crosses to --workers processes): compiled by mypyc, the default pickling
-        # restores through __dict__, which a compiled class does not have.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(slots=True)
@@ -63,9 +62,7 @@ class RunResult:
     scheduling_mode: SchedulingMode = DEFAULT_MODE
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields (it crosses to --workers processes): compiled by mypyc, the default pickling
-        # restores through __dict__, which a compiled class does not have.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     @property
     def records(self) -> list[RequestRecord]:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from core.metrics.smooth_goodput import chunk_due_s, idle_and_benefit
+from core.pickling import reduce_by_fields
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord, RequestSLO, Status
 
@@ -78,10 +79,7 @@ class RequestOutcomes:
     benefit: np.ndarray  # paper 003 eq. 7; 0 where idle_s is NaN
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields, the same in a compiled and a pure build: it may cross processes (--workers,
-        # Ray), and a Ray worker can run the pure sources of the driver's working directory while the driver
-        # runs the compiled install (mypyc's default pickling and Python's cannot read each other's).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     def __len__(self) -> int:
         return len(self.arrival_s)

@@ -16,13 +16,14 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from core.metrics.outcomes import OutcomeStore, RequestOutcomes, compute_outcomes
 from core.metrics.summary import NAN, _json_ready, percentiles
+from core.pickling import reduce_by_fields
 from core.profile import SLOSpec, SmoothGoodputSpec
 from core.records import RequestRecord
 
@@ -55,8 +56,7 @@ class WindowSnapshot:
         return _json_ready(asdict(self))
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,8 +76,7 @@ class WindowTotals:
         return asdict(self)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 class WindowedAggregator:

@@ -20,8 +20,10 @@ from it; `tests/test_sim_reach.py` holds the reused measurement to a fresh one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
+
+from core.pickling import reduce_by_fields
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +56,7 @@ class RunReach:
         return RunReach(self.concurrency, self.max_num_seqs, seqs, caps)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 def run_reach(

@@ -8,11 +8,12 @@ module is the other's.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from core.pickling import reduce_by_fields
 from core.records import RequestSpec
 
 
@@ -43,10 +44,7 @@ class SimRequest:
     tier: str | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields, the same in a compiled and a pure build: it may cross processes (--workers,
-        # Ray), and a Ray worker can run the pure sources of the driver's working directory while the driver
-        # runs the compiled install (mypyc's default pickling and Python's cannot read each other's).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     @classmethod
     def arrived(

@@ -12,12 +12,13 @@ costs a few hundred vectorised draws, and an open-ended closed-loop plan never m
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from core.backend_api import LoadPlan
+from core.pickling import reduce_by_fields
 from core.profile import (
     ClosedLoopArrival,
     Profile,
@@ -48,8 +49,7 @@ class ResolvedTask:
     acceptance: float | None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields: mypyc's compiled frozen dataclass would unpickle by setattr, which frozen refuses.
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 def request_slo(spec: SLOSpec) -> RequestSLO:

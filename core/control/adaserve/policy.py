@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
@@ -36,6 +36,7 @@ from core.control.adaserve.scheduler import (
 from core.control.adaserve.step_lengths import StepLengths
 from core.control.adaserve.stretch import SelectionStretch, Throughput, advance, build_stretch, stretch_steps
 from core.controller_api import ControlledRequest, Policy
+from core.pickling import reduce_by_fields
 from core.profile import AdaServeSpec, Calibration, KnobsSpec
 from core.step_planner_api import BatchPlan, StepReplicaView, StepRequest, plan_fcfs_prefill
 from core.step_time import StepTimeModel
@@ -56,8 +57,7 @@ class _Tracked:
     run: AcceptanceRun  # NOTHING_DRAWN until its first speculating step
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 # A run with no step left: a request's randomness is drawn at its first speculating step, not before.

@@ -11,7 +11,7 @@ Both are free of the engine: the stepwise replica's planner (policy.py) feeds th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,6 +33,7 @@ from core.control.adaserve.speculation import (
     selected_counts,
 )
 from core.control.adaserve.trees import adaptive_shape
+from core.pickling import reduce_by_fields
 from core.profile import AdaServeSpec
 from core.step_time import StepTimeModel
 
@@ -50,8 +51,7 @@ class PrefillLoad:
     held_back: bool = False
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 NO_PREFILL = PrefillLoad(0, 0, 0)
@@ -96,8 +96,7 @@ class DecodeBatch:
     behind: bool = True  # whether some need may be > 0 (False: the caller checked none is; no SLO phase)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     def __len__(self) -> int:
         return len(self.uniforms)
@@ -110,8 +109,7 @@ class StepDecision:
     spec_steps: int  # the draft model's sequential passes (0: no speculation this step)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(slots=True)
@@ -131,8 +129,7 @@ class AcceptanceRun:
     uniform_list: list[float] = field(default_factory=list)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     def __post_init__(self) -> None:
         # Clipped as path_probabilities would clip them (idempotent, so the outcome is the same); the truth is.

@@ -26,10 +26,12 @@ walk reaches at most one node per depth, so those events are disjoint).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from core.pickling import reduce_by_fields
 
 EPS = 1e-9
 
@@ -52,8 +54,7 @@ class CandidateShape:
     size: int  # N
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @functools.lru_cache(maxsize=256)
@@ -179,8 +180,7 @@ class Selection:
     beyond_tree: int = 0  # of which needing more than the tree's depth of accepted drafts (A(r) > d + 1)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     @property
     def verified_tokens(self) -> int:

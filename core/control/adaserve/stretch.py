@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from core.control.adaserve.scheduler import AcceptanceRun
 from core.control.adaserve.speculation import candidate_shape, path_probabilities
+from core.pickling import reduce_by_fields
 from core.step_planner_api import StepRequest
 
 STRETCH_STEPS = 8  # the most steps a stretch computes ahead (a batch holds ~5 selection steps in a row)
@@ -57,8 +58,7 @@ class SelectionStretch:
     emitted: list[list[int]] = field(default_factory=list)
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     def select(self, start: int, budget: int) -> None:
         """Select the steps from `start` on at budget B, at most SELECT_STEPS of them (B changes every few

@@ -29,10 +29,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.control.slos_serve.budget import BudgetModel
+from core.pickling import reduce_by_fields
 from core.step_time import StepTimeModel
 
 EPSILON = 1e-6  # tokens: rounding slack in budget comparisons
@@ -53,8 +54,7 @@ class PlanRequest:
     decode_start_s: float = 0.0
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     @property
     def decoding(self) -> bool:
@@ -68,8 +68,7 @@ class Admission:
     prefill_slack_tokens: float = 0.0  # prefill budget left at the last deadline of the chosen plan
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +83,7 @@ class PlannerSettings:
     max_seqs: int | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields: compiled by mypyc, a frozen dataclass does not unpickle otherwise (mypyc's
-        # pickling restores by setattr, which frozen refuses).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(slots=True)
@@ -97,8 +94,7 @@ class _State:
     new: int  # how many new requests are admitted
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(slots=True)
@@ -115,8 +111,7 @@ class RunningParts:
     decoders: list[tuple[float, float, int]]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 def plan_parts(running: Sequence[PlanRequest]) -> RunningParts:

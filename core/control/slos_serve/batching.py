@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from core.control.slos_serve.budget import BudgetModel
+from core.pickling import reduce_by_fields
 from core.step_time import expected_accepted_tokens
 
 
@@ -32,8 +33,7 @@ class DecodeTask:
     best_effort: bool = False
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 @dataclass(slots=True)
@@ -46,8 +46,7 @@ class PrefillTask:
     decode_tokens: int = 0
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
 
 # Prefill that cannot wait gets this multiple of the least rate that meets every prefill deadline first.
@@ -66,8 +65,7 @@ class StepBatch:
     prefill: dict[int, int] = field(default_factory=dict)  # request -> prompt tokens this batch
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     @property
     def tokens(self) -> int:

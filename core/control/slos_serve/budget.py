@@ -19,9 +19,10 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
+from core.pickling import reduce_by_fields
 from core.step_time import StepTimeModel, expected_accepted_tokens
 
 
@@ -36,9 +37,7 @@ class DecodePlan:
     cost_per_token: tuple[float, ...]
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # Pickled by its fields: compiled by mypyc, a frozen dataclass does not unpickle otherwise (mypyc's
-        # pickling restores by setattr, which frozen refuses).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     @property
     def supply_tps(self) -> float:

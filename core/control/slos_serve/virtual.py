@@ -12,11 +12,12 @@ pricing them as SLO-holding running requests was what made admission far too con
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from core.control.slos_serve.admission import Admission, AdmissionPlanner, PlanRequest, RunningParts, tier_list
 from core.control.slos_serve.budget import BudgetModel
+from core.pickling import reduce_by_fields
 
 
 @dataclass(slots=True)
@@ -34,8 +35,7 @@ class Tracked:
     decode_start_s: float | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        # By its fields, alike in the compiled and the pure build (tests/test_compiled.py says why).
-        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
+        return reduce_by_fields(self)
 
     def as_plan(self) -> PlanRequest:
         # max(0, round(x)) as a comparison (the same int: max keeps round's unless 0 is larger), and the pace's
