@@ -16,6 +16,7 @@ COMPILED_MODULES = (
     "core.sim.replica_base",
     "core.sim.replica",
     "core.sim.stepwise",
+    "core.step_planner_api",
     "core.sim.engine",
     "core.sim.stalls",
     "core.sim.reach",

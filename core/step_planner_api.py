@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,8 +64,12 @@ class StepRequest:
         return self.req.spec.output_tokens - self.out_left
 
     @property
-    def spec(self):  # type: ignore[no-untyped-def]
+    def spec(self) -> RequestSpec:
         return self.req.spec
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Pickled by its fields, as every dataclass of a compiled module (docs/development.md).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 @dataclass(slots=True)
@@ -83,6 +87,9 @@ class BatchPlan:
     # Tokens each `decode` entry emits (1..verified), when the planner draws them with the batch (AdaServe's
     # trees); every entry then verifies at least one position. None: the replica asks `accepted` for each.
     emitted: list[int] | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
 
 class StepReplicaView(Protocol):
