@@ -6,14 +6,17 @@ Nothing in core imports Textual or the console package.
 __version__ = "0.1.0"
 
 # The hot modules setup.py compiles with mypyc on a regular `pip install .` (editable installs stay pure):
-# benchmarks/mypyc_probe/README.md. Keep core/sim/stepwise.py, the other modes' core/control, console/ and the
-# pydantic-based modules out (see there why).
+# benchmarks/mypyc_probe/README.md. Keep the other modes' core/control, console/ and the pydantic-based modules
+# out (see there why).
 COMPILED_MODULES = (
     "core.sim.blocks",
     "core.sim.sim_request",
     "core.sim.decode_runs",
     "core.sim.clients",
+    "core.sim.replica_base",
     "core.sim.replica",
+    "core.sim.stepwise",
+    "core.step_planner_api",
     "core.sim.engine",
     "core.sim.stalls",
     "core.sim.reach",

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from core.pickling import reduce_by_fields
 from core.records import RequestSpec
 from core.step_time import StepTimeModel
 
@@ -64,8 +65,11 @@ class StepRequest:
         return self.req.spec.output_tokens - self.out_left
 
     @property
-    def spec(self):  # type: ignore[no-untyped-def]
+    def spec(self) -> RequestSpec:
         return self.req.spec
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_by_fields(self)
 
 
 @dataclass(slots=True)
@@ -83,6 +87,9 @@ class BatchPlan:
     # Tokens each `decode` entry emits (1..verified), when the planner draws them with the batch (AdaServe's
     # trees); every entry then verifies at least one position. None: the replica asks `accepted` for each.
     emitted: list[int] | None = None
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_by_fields(self)
 
 
 class StepReplicaView(Protocol):

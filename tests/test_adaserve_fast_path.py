@@ -25,7 +25,7 @@ from core.sim.engine import SimEngine
 from core.workload import build_load_plan
 from tests.test_sim import tiny_calibration
 from tests.test_sim_fast_path import PROFILES, assert_same_records
-from tests.test_slos_serve_fast_path import _count_stretch_steps, _pressure_plan
+from tests.test_slos_serve_fast_path import COUNTED, _count_stretch_steps, _pressure_plan
 
 REQUESTS = 200
 
@@ -67,6 +67,7 @@ def test_adaserve_stretches_equal_the_step_by_step_reference(name: str) -> None:
     _assert_same(_profile_run(name, False), _profile_run(name, True))
 
 
+@pytest.mark.skipif(not COUNTED, reason="patches a method of a mypyc-compiled class")
 def test_bench_chat_runs_plain_steps_in_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stretches are taken where they should be: a good share of bench-chat's steps (its plain ones)."""
     ran = _count_stretch_steps(monkeypatch)
@@ -123,7 +124,7 @@ def test_adaserve_stretches_equal_the_reference_under_pressure(
     _assert_same(*runs)
     if case == "must-pay-off":
         assert sum(ran) == 0
-    else:
+    elif COUNTED:
         assert sum(ran) > 0  # (the reference run never calls run_decode_steps)
     if case == "kv-pressure":
         assert any(record.preemptions for record in runs[0][0])

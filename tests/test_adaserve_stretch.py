@@ -19,6 +19,7 @@ from core.control.adaserve.policy import AdaServePolicy, TreePlanner
 from core.control.adaserve.scheduler import AcceptanceRun, TreeScheduler
 from core.control.adaserve.stretch import SelectionStretch, build_stretch
 from core.profile import load_calibration, load_profile
+from core.step_planner_api import StepRequest
 from core.step_time import StepTimeModel
 from core.workload import build_load_plan
 from tests.fakes import compiled
@@ -92,7 +93,9 @@ def test_each_stretch_row_is_the_throughput_step_of_its_step(n: int, steps: int)
     decoding: list[Any] = []
     for run in runs:
         run.next = 4  # the stretch's first step took entry 3
-        decoding.append(type("Item", (), {"planned": type("Track", (), {"run": run})()})())
+        # A real StepRequest (a compiled build takes no stand-in), with only what build_stretch reads set.
+        track = type("Track", (), {"run": run})()
+        decoding.append(StepRequest(req=None, prompt_left=0, out_left=0, planned=track))
     budget = n + 3 * n  # room for some of each request's candidates
     dims = scheduler.shape(n, budget)
     stretch = build_stretch(decoding, dims, budget, steps, scheduler.throughput_step)

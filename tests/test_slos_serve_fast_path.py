@@ -24,11 +24,15 @@ from core.records import RequestRecord, RequestSLO, RequestSpec
 from core.sim import stepwise
 from core.sim.engine import SimEngine
 from core.workload import build_load_plan
+from tests.fakes import compiled
 from tests.test_sim import tiny_calibration
 from tests.test_sim_fast_path import PROFILES, assert_same_records
 from tests.test_sim_fast_path import _run as run_profile
 
 REQUESTS = 200
+# The counts patch StepwiseReplica's methods, which the compiled engine and replica call directly
+# (tests.fakes.compiled): against the install the runs are compared, not counted.
+COUNTED = not compiled(stepwise)
 
 
 def _count_stretch_steps(monkeypatch: pytest.MonkeyPatch, queued: list[int] | None = None) -> list[int]:
@@ -60,6 +64,7 @@ def test_slos_serve_stretches_equal_the_step_by_step_reference(name: str) -> Non
     _both(lambda reference: run_profile(name, "slos-serve", reference=reference, requests=REQUESTS))
 
 
+@pytest.mark.skipif(not COUNTED, reason="patches a method of a mypyc-compiled class")
 def test_bench_chat_runs_most_steps_in_stretches(monkeypatch: pytest.MonkeyPatch) -> None:
     """The stretches are taken where they should be: bench-chat's decode-only steps (about 60% of them)."""
     ran = _count_stretch_steps(monkeypatch)
@@ -159,9 +164,9 @@ def test_slos_serve_stretches_equal_the_reference_under_pressure(
     _both(run)
     if case == "speculation":
         assert sum(ran) == 0
-    else:
+    elif COUNTED:
         assert sum(ran) > 0
     if case == "kv-pressure":
         assert preemptions[0] > 0
-    if case == "slots":
+    if case == "slots" and COUNTED:
         assert sum(queued) > 0

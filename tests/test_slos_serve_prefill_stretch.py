@@ -34,6 +34,7 @@ from core.step_planner_api import BatchPlan
 from core.step_time import StepTimeModel
 from core.workload import build_load_plan
 from tests.test_sim_fast_path import assert_same_records
+from tests.test_slos_serve_fast_path import COUNTED
 
 MODEL = StepTimeModel(((0.004, 1e-5, 1e-7, 0.0, 2e-5), (0.0005, 4e-5, 0.0, 0.0, 0.0)))
 
@@ -121,8 +122,9 @@ def test_bench_chat_runs_its_prefill_chunks_in_stretches(monkeypatch: pytest.Mon
     reference = {"prefill": 0, "queued": 0}
     assert_same_records(records, _bench_chat(600, True, reference, monkeypatch))
     assert reference["prefill"] == 0
-    assert fast["prefill"] > 0.15 * fast["steps"]
-    assert fast["queued"] > 0.2 * fast["prefill"]
+    if COUNTED:  # (counted by a patch: the pure build only)
+        assert fast["prefill"] > 0.15 * fast["steps"]
+        assert fast["queued"] > 0.2 * fast["prefill"]
 
 
 def _overloaded_quickstart(
@@ -159,7 +161,8 @@ def test_prefill_stretches_beside_the_best_effort_tier(rate_rps: float, monkeypa
     reference = {"best_effort": 0}
     assert_same_records(records, _overloaded_quickstart(rate_rps, True, reference, monkeypatch))
     assert reference["best_effort"] == 0
-    assert fast["best_effort"] > 100
+    if COUNTED:  # (counted by a patch: the pure build only)
+        assert fast["best_effort"] > 100
 
 
 def test_the_promised_chunks_are_plans_beside_the_best_effort_tier(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,50 +14,30 @@ from __future__ import annotations
 
 import heapq
 import math
-from array import array
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
 from core.sim.compile_hints import mypyc_attr
+from core.sim.replica_base import ReplicaBase
+from core.sim.sim_request import SimRequest
 
 if TYPE_CHECKING:
-    from core.sim.sim_request import SimRequest
-    from core.sim.stalls import StallClock
-    from core.step_time import DecodeStepCosts, StepTimeModel
+    from core.step_time import DecodeStepCosts
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
-class DecodeRuns:
-    """run_decode_steps and decode_run, over the fields and methods of EngineReplica (declared here for readers
-    and type checkers; replica.py sets and defines them)."""
+class DecodeRuns(ReplicaBase[SimRequest]):
+    """run_decode_steps and decode_run, over the fields and methods of EngineReplica (the shared ones are
+    ReplicaBase's; the fast replica's own are declared here for readers and type checkers, and replica.py sets
+    and defines them)."""
 
     decode_heap: list[tuple[int, int, SimRequest]]
-    kv_capacity: int
-    kv_used: float
-    clock: float
-    busy_s: float
-    generated_tokens: float
-    step: int
-    decoding: Any  # stepwise.StepwiseReplica keeps a list here (an interpreted subclass: no native int slot)
+    decoding: int
     decode_rate: float
-    width: int
-    model: StepTimeModel
-    prefilling: list[SimRequest]
-    _noise: array[float]
-    _noise_i: int
-    _step_view: memoryview[float]
-    _block_base: int
-    _stalls: StallClock | None
     _decode_terms: dict[int, DecodeStepCosts]
 
     # Real (abstract) methods, not TYPE_CHECKING-only declarations: mypyc compiles no conditional class body.
-    def _noise_block(self) -> array[float]:
-        raise NotImplementedError
-
-    def _next_step_block(self) -> None:
-        raise NotImplementedError
-
     def _complete(self, req: SimRequest, step: int) -> None:
         raise NotImplementedError
 

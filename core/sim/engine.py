@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from core.records import RequestRecord, RequestSpec, Status
 from core.sim.clients import ClientDriver
 from core.sim.reach import RunReach, run_reach
 from core.sim.replica import EngineReplica
+from core.sim.replica_base import ReplicaBase
 from core.sim.sim_request import SimRequest
 
 TIER_FAST_PATH = "high"  # fcfs serves everything from one tier
@@ -46,7 +48,7 @@ class SimReplicaView:
 
     __slots__ = ("_replica", "in_flight", "index")
 
-    def __init__(self, replica: EngineReplica) -> None:
+    def __init__(self, replica: ReplicaBase[Any]) -> None:
         self.index = replica.index
         self._replica = replica
         self.in_flight: dict[int, ControlledRequest] = {}
@@ -132,7 +134,7 @@ class SimEngine:
 
     def _make_replica(
         self, index: int, calibration: Calibration, knobs: KnobsSpec, rng: np.random.Generator
-    ) -> EngineReplica:
+    ) -> ReplicaBase[Any]:
         planner = self.policy.step_planner(index)
         if planner is None:
             return EngineReplica(index, calibration, knobs, rng, self._on_complete)
@@ -362,7 +364,7 @@ class SimEngine:
             {"busy_s": float(busy_s)},
         )
 
-    def _next_replica(self) -> EngineReplica | None:
+    def _next_replica(self) -> ReplicaBase[Any] | None:
         """The busy replica whose next step starts first."""
         if len(self.replicas) == 1:
             only = self.replicas[0]
@@ -452,6 +454,7 @@ class SimEngine:
         replica's and the sampler's tests inlined."""
         clients = self.clients
         replica = self.replicas[0]
+        assert isinstance(replica, EngineReplica)  # (_plain_passthrough's test; narrows the type)
         # run_decode_steps' entry test is made here, the stall clock's part once (decode_runs.decode_run).
         decode_runs = self._decode_runs and replica._stalls is None
         through_completions = self._runs_through_completions

@@ -27,25 +27,22 @@ Between two events an fcfs replica repeats one decode-only batch; decode_runs.py
 The replica knows nothing of clients or scheduling modes: the simulation (engine.py) enqueues the requests
 its controller releases, and hears of each completion through `on_complete`. Modes that decide batch
 formation or per-request speculation step by step use the planner path (stepwise.py) instead.
+The clock, step pricing and noise, step end times and KV accounting both share are replica_base.py's.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from array import array
-from collections import deque
 
 import numpy as np
 
 from core.profile import Calibration, KnobsSpec
-from core.records import RequestSpec
 from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
 from core.sim.compile_hints import mypyc_attr
 from core.sim.decode_runs import DecodeRuns
 from core.sim.sim_request import CompletionCallback, SimRequest
-from core.sim.stalls import StallClock
-from core.step_time import DecodeStepCosts, StepTimeModel, expected_accepted_tokens
+from core.step_time import DecodeStepCosts, expected_accepted_tokens
 
 # 0.0, 1.0, 2.0, ...: step counts for _run_chunks' emitted-token arithmetic, made once (a request's run is
 # usually shorter; a longer one makes its own).
@@ -66,52 +63,14 @@ class EngineReplica(DecodeRuns):
         rng: np.random.Generator,
         on_complete: CompletionCallback,
     ) -> None:
-        self.index = index
-        self.calibration = calibration
-        self.model = StepTimeModel.from_calibration(calibration)
-        self.rng = rng
-        self.on_complete = on_complete
-        self._noise = self._noise_block()
-        self._noise_i = 0
-        self._stalls = (
-            StallClock(calibration.stalls, rng) if calibration.stalls and calibration.stalls.rate_per_s else None
-        )
-
-        self.width = knobs.effective_spec_width
-        self.max_seqs = knobs.max_num_seqs
-        self.token_budget = knobs.max_num_batched_tokens
-        self.chunked = knobs.chunked_prefill
-        self.block = calibration.block_size
-        self.kv_capacity = calibration.kv_capacity_tokens
-
-        self.clock = 0.0
-        self.step = 0
-        # Step s ends at _step_blocks[s // STEP_BLOCK][s % STEP_BLOCK]; step_times is the block being filled.
-        self._step_blocks: list[np.ndarray] = [np.empty(STEP_BLOCK)]
-        self.step_times = self._step_blocks[0]
-        # step_times as a memoryview: a store through it takes half the time of numpy's item assignment.
-        self._step_view = memoryview(self.step_times)  # type: ignore[arg-type]
-        self._block_base = 0  # the step index of step_times[0]
-        self.busy_s = 0.0
-        self.preemptions = 0
-        self.generated_tokens = 0.0
-
-        self.waiting: deque[SimRequest] = deque()
-        self.prefilling: list[SimRequest] = []
+        super().__init__(index, calibration, knobs, rng, on_complete)
         # The running requests by admitted_order, in admission order (a dict keeps insertion order): LIFO
         # preemption pops the newest, and a completion deletes its own by key, where a list's remove compared
         # it with each request before it (100k completions in a 100k bench-chat run, ~27 running).
         self.running_order: dict[int, SimRequest] = {}
         self.decode_heap: list[tuple[int, int, SimRequest]] = []
-        self.decoding = 0
+        self.decoding = 0  # how many requests decode (the planner path keeps a list here: its own attribute)
         self.decode_rate = 0.0  # sum of tokens_per_step over decoding requests
-        # Float: decodes with speculation grow the cache by a fractional expected count per step.
-        self.kv_used = 0.0
-        self._admit_seq = 0
-        # The largest running count that max_seqs was compared with (admission, admits_head): any
-        # max_num_seqs above it would have made every one of those tests come out the same, so the same run
-        # (core/sim/reach.py; a tune's sweep reuses the run for those values).
-        self.seqs_probe = 0
         # run_decode_steps' per-term constants by the number of decoding requests (they depend on nothing else).
         self._decode_terms: dict[int, DecodeStepCosts] = {}
 
@@ -125,18 +84,6 @@ class EngineReplica(DecodeRuns):
             req.tokens_per_step = expected_accepted_tokens(self._draw_acceptance(req.spec), self.width)
         self.waiting.append(req)
 
-    def _wake_at(self, now: float) -> None:
-        if not self.has_work() and self.clock < now:
-            self.clock = now
-
-    def _draw_acceptance(self, spec: RequestSpec) -> float:
-        """This request's draft acceptance rate: a Beta draw around its task's mean (or the calibration's)."""
-        mean = spec.acceptance if spec.acceptance is not None else self.calibration.default_acceptance
-        concentration = self.calibration.acceptance_concentration
-        if mean <= 0.0:
-            return 0.0
-        return float(self.rng.beta(mean * concentration, (1.0 - mean) * concentration))
-
     def has_work(self) -> bool:
         return bool(self.running_order or self.waiting)
 
@@ -144,64 +91,7 @@ class EngineReplica(DecodeRuns):
     def running(self) -> int:
         return len(self.running_order)
 
-    @property
-    def kv_usage(self) -> float:
-        return min(1.0, self.kv_used / self.kv_capacity)
-
     # ------------------------------------------------------------ engine step
-
-    def _noise_block(self) -> array[float]:
-        """The next NOISE_BLOCK step-time factors, as an array.array of the same doubles: reading one gives a
-        Python float at once (a numpy element read and float() cost about twice as much, once per step), in
-        the same 8 bytes a value (a list would hold 32)."""
-        cv = self.calibration.noise_cv
-        if cv <= 0:
-            return array("d", np.ones(NOISE_BLOCK).tobytes())
-        sigma = math.sqrt(math.log1p(cv * cv))
-        return array("d", self.rng.lognormal(-0.5 * sigma * sigma, sigma, NOISE_BLOCK).tobytes())
-
-    def _blocks(self, tokens: int) -> int:
-        return -(-tokens // self.block) * self.block
-
-    def _noisy(self, dt: float) -> float:
-        i = self._noise_i
-        if i >= NOISE_BLOCK:
-            self._noise = self._noise_block()
-            i = 0
-        self._noise_i = i + 1
-        return dt * self._noise[i]
-
-    def _record_step_end(self, dt: float) -> int:
-        """Advance the clock by one step of `dt` seconds (plus any stall that falls in it); returns its index."""
-        if self._stalls is not None:
-            dt += self._stalls.stall_within(dt)
-        self.clock += dt
-        self.busy_s += dt
-        step = self.step
-        if step - self._block_base >= STEP_BLOCK:
-            self._next_step_block()
-        self.step_times[step - self._block_base] = self.clock
-        return step
-
-    def _next_step_block(self) -> None:
-        self.step_times = np.empty(STEP_BLOCK)
-        self._step_view = memoryview(self.step_times)  # type: ignore[arg-type]
-        self._step_blocks.append(self.step_times)
-        self._block_base += STEP_BLOCK
-
-    def _step_span(self, first: int, last: int) -> np.ndarray:
-        """End times of steps first..last: a view when they share a block, else a copy."""
-        block, offset = divmod(first, STEP_BLOCK)
-        if last - first < STEP_BLOCK - offset:
-            return self._step_blocks[block][offset : offset + last - first + 1]
-        end_block, end_offset = divmod(last, STEP_BLOCK)
-        return np.concatenate(
-            [
-                self._step_blocks[block][offset:],
-                *self._step_blocks[block + 1 : end_block],
-                self._step_blocks[end_block][: end_offset + 1],
-            ]
-        )
 
     def admits_head(self) -> bool:
         """Whether a step starting now would admit the first waiting request (step_once's admission test)."""

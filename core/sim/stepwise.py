@@ -21,13 +21,15 @@ planner that batches like vLLM reproduces the fast path's timelines (tests/test_
 from __future__ import annotations
 
 import math
-from collections import deque
+from collections.abc import Callable
 from operator import attrgetter, itemgetter
+from typing import cast
 
 import numpy as np
 
 from core.profile import Calibration, KnobsSpec
-from core.sim.replica import EngineReplica
+from core.sim.compile_hints import mypyc_attr
+from core.sim.replica_base import ReplicaBase
 from core.sim.sim_request import CompletionCallback, SimRequest
 from core.step_planner_api import BatchPlan, StepPlanner, StepRequest, draw_accepted, plan_fcfs_prefill
 
@@ -35,6 +37,8 @@ _second = itemgetter(1)  # (request, tokens) -> tokens
 _admitted_order = attrgetter("admitted_order")
 
 
+# Tests subclass it (a planner that draws its emitted tokens with the plan).
+@mypyc_attr(allow_interpreted_subclasses=True)
 class FcfsStepPlanner:
     """vLLM's batching as a planner: every decode (verifying `width` + 1 positions), then chunked prefills,
     then FCFS admission within `max_num_seqs` and the token budget. The reference the other planners are
@@ -57,8 +61,9 @@ class FcfsStepPlanner:
         return draw_accepted(rng, request.acceptance, verified - 1)
 
 
-class StepwiseReplica(EngineReplica):
-    """An engine replica whose batches a `StepPlanner` forms (same clock, noise, KV and preemption model)."""
+class StepwiseReplica(ReplicaBase[StepRequest]):
+    """An engine replica whose batches a `StepPlanner` forms (same clock, noise, KV and preemption model as the
+    fast replica, from their shared base: replica_base.py, which says why the two are siblings)."""
 
     def __init__(
         self,
@@ -71,9 +76,8 @@ class StepwiseReplica(EngineReplica):
     ) -> None:
         super().__init__(index, calibration, knobs, rng, on_complete)
         self.planner = planner
-        self.waiting: deque[StepRequest] = deque()  # type: ignore[assignment]
-        self.prefilling: list[StepRequest] = []  # type: ignore[assignment]
-        self.decoding: list[StepRequest] = []  # type: ignore[assignment]
+        # The decoding requests, in the order they started decoding (the fast replica keeps a count instead).
+        self.decoding: list[StepRequest] = []
         self.admitted: list[StepRequest] = []  # admission order, for LIFO preemption
         # Lazy timelines (a planner's `lazy_timelines`): the ends of the stretch steps whose token each decoding
         # request is still owed from its `owed_from` on. A stretch segment appends its steps here instead of
@@ -173,7 +177,15 @@ class StepwiseReplica(EngineReplica):
         self.step = step + 1
         return True
 
-    def run_decode_steps(self, clock_floor: float, send_s: float, until_s: float, sample_s: float) -> int:
+    def run_decode_steps(
+        self,
+        clock_floor: float,
+        send_s: float,
+        until_s: float,
+        sample_s: float,
+        *,
+        through_completions: Callable[[], bool] | None = None,
+    ) -> int:
         """Run, one after another, the steps the planner promises without a plan (PlainDecodePlanner in
         core/step_planner_api.py: every decoding request verifying one position, and with requests prefilling,
         their chunks in the planner's order, nothing admitted or preempted); returns how many. The engine's
@@ -185,7 +197,8 @@ class StepwiseReplica(EngineReplica):
         prefill or a request (handled as step_once's tail does: they change the batch; the stretch goes on
         into a new segment after a prefill, and stops after a completion, which the engine's policy hears
         of), before a step that would overflow the KV cache (step_once runs that one and its preemptions),
-        and before a step where the planner's check says its plan would be another batch."""
+        and before a step where the planner's check says its plan would be another batch. (The fast replica's
+        `through_completions` is not taken: a completion always ends the stretch.)"""
         if clock_floor >= send_s:
             return 0
         # A step starts only before `stop`, and the one that ends at or after `sample_at` is the last: the
@@ -388,7 +401,9 @@ class StepwiseReplica(EngineReplica):
         times = np.asarray(item.chunk_times, dtype=float)
         tokens = item.chunk_tokens
         one_each = tokens.count(1) == len(tokens)  # (a list's own count: np.all's wrapper costs more)
-        self.on_complete(item.req, now, times, None if one_each else np.asarray(tokens, dtype=np.int64))
+        # item.req is the SimRequest enqueue wrapped (the planner API names it by a protocol, not the simulator's type).
+        req = cast(SimRequest, item.req)
+        self.on_complete(req, now, times, None if one_each else np.asarray(tokens, dtype=np.int64))
 
     def _preempt_items(self) -> None:
         """Recompute preemption of the newest admitted requests until the KV cache fits (as replica.py)."""
