@@ -33,7 +33,7 @@ from core.records import RequestRecord, RequestSpec, Status
 from core.sim.clients import ClientDriver
 from core.sim.reach import RunReach, run_reach
 from core.sim.replica import EngineReplica
-from core.sim.replica_base import ReplicaBase
+from core.sim.replica_base import ReplicaBase, SimReplicaView
 from core.sim.sim_request import SimRequest
 
 TIER_FAST_PATH = "high"  # fcfs serves everything from one tier
@@ -41,29 +41,6 @@ STALLED = (
     "simulator stalled: a waiting request can never be admitted "
     "(its prompt needs more KV cache than the calibration holds)"
 )
-
-
-class SimReplicaView:
-    """What a policy sees of one simulated replica (core/controller_api.ReplicaView)."""
-
-    __slots__ = ("_replica", "in_flight", "index")
-
-    def __init__(self, replica: ReplicaBase[Any]) -> None:
-        self.index = replica.index
-        self._replica = replica
-        self.in_flight: dict[int, ControlledRequest] = {}
-
-    @property
-    def load(self) -> int:
-        return len(self.in_flight)
-
-    @property
-    def engine_waiting(self) -> int:
-        return len(self._replica.waiting)
-
-    @property
-    def kv_usage(self) -> float:
-        return self._replica.kv_usage
 
 
 def _replica_rng(seed: int, index: int) -> np.random.Generator:

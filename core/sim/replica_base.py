@@ -18,10 +18,11 @@ import math
 from array import array
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
+from core.controller_api import ControlledRequest
 from core.profile import Calibration, KnobsSpec
 from core.records import RequestSpec
 from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
@@ -189,3 +190,26 @@ class ReplicaBase(Generic[Q]):
                 self._step_blocks[end_block][: end_offset + 1],
             ]
         )
+
+
+class SimReplicaView:
+    """What a policy sees of one simulated replica (core/controller_api.ReplicaView)."""
+
+    __slots__ = ("_replica", "in_flight", "index")
+
+    def __init__(self, replica: ReplicaBase[Any]) -> None:
+        self.index = replica.index
+        self._replica = replica
+        self.in_flight: dict[int, ControlledRequest] = {}
+
+    @property
+    def load(self) -> int:
+        return len(self.in_flight)
+
+    @property
+    def engine_waiting(self) -> int:
+        return len(self._replica.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        return self._replica.kv_usage
