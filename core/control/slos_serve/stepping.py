@@ -389,6 +389,7 @@ class SlosServeStepPlanner:
             return last[1]
         decode_tpots: set[float] = set()
         best_effort = 0
+        added: Any = None  # the TPOT added last: an equal one adds nothing to the set (compared, not hashed)
         for item in decoding:
             known: tuple[Any, ...] | None = item.planned  # _deadlines' answer, read inline
             if known is None:
@@ -396,7 +397,10 @@ class SlosServeStepPlanner:
             if known[2]:
                 best_effort += 1
             else:
-                decode_tpots.add(known[1])
+                tpot = known[1]
+                if tpot != added:  # (a NaN is never equal: added, as before)
+                    decode_tpots.add(tpot)
+                    added = tpot
         answer = (decode_tpots, best_effort)
         self._last_decodes = (key, answer)
         return answer
