@@ -180,8 +180,10 @@ class VirtualReplica:
         budget = self._budget(decoding)
         counts = [0.0] * len(budget.tiers)
         mask = 0
+        tiers = budget.tiers
+        one_tier = len(tiers) == 1  # every TPOT is that tier (tiers holds every tracked request's)
         for t in decoding:
-            tier = budget.tiers.index(t.tpot_s)
+            tier = 0 if one_tier else tiers.index(t.tpot_s)
             counts[tier] += 1.0
             mask |= 1 << tier
         tokens = max(0.0, budget.prefill_rate(counts, mask)) * dt
