@@ -68,6 +68,36 @@ class StepRequest:
     def spec(self) -> RequestSpec:
         return self.req.spec
 
+    def __init__(
+        self,
+        req: PlannedRequest,
+        prompt_left: int,
+        out_left: int,
+        acceptance: float = 0.0,
+        context: int = 0,
+        admitted_order: int = -1,
+        decoding: bool = False,
+        run_tokens: int = 0,
+        chunk_times: list[float] | None = None,
+        chunk_tokens: list[int] | None = None,
+        owed_from: int = 0,
+        planned: Any = None,
+    ) -> None:
+        # The dataclass's own __init__ (fresh lists for the chunks when none are given), written out: compiled, mypyc
+        # runs it natively where the generated one is interpreted (core/records.RequestRecord says more).
+        self.req = req
+        self.prompt_left = prompt_left
+        self.out_left = out_left
+        self.acceptance = acceptance
+        self.context = context
+        self.admitted_order = admitted_order
+        self.decoding = decoding
+        self.run_tokens = run_tokens
+        self.chunk_times = [] if chunk_times is None else chunk_times
+        self.chunk_tokens = [] if chunk_tokens is None else chunk_tokens
+        self.owed_from = owed_from
+        self.planned = planned
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)
 

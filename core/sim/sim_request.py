@@ -43,6 +43,46 @@ class SimRequest:
     controlled: Any = None
     tier: str | None = None
 
+    def __init__(
+        self,
+        spec: RequestSpec,
+        latency_from_s: float,
+        prompt_left: int,
+        context: int = 0,
+        out_left: int = 0,
+        tokens_per_step: float = 1.0,
+        prefill_end_step: int = -1,
+        finish_step: int = -1,
+        admitted_order: int = 0,
+        generated: int = 0,
+        preemptions: int = 0,
+        done_runs: list[tuple[np.ndarray, np.ndarray | None]] | None = None,
+        alive: bool = True,
+        sent_s: float = 0.0,
+        dispatched_s: float = 0.0,
+        controlled: Any = None,
+        tier: str | None = None,
+    ) -> None:
+        # The dataclass's own __init__ (a fresh list for done_runs when none is given), written out: compiled, mypyc
+        # runs it natively where the generated one is interpreted (core/records.RequestRecord says more).
+        self.spec = spec
+        self.latency_from_s = latency_from_s
+        self.prompt_left = prompt_left
+        self.context = context
+        self.out_left = out_left
+        self.tokens_per_step = tokens_per_step
+        self.prefill_end_step = prefill_end_step
+        self.finish_step = finish_step
+        self.admitted_order = admitted_order
+        self.generated = generated
+        self.preemptions = preemptions
+        self.done_runs = [] if done_runs is None else done_runs
+        self.alive = alive
+        self.sent_s = sent_s
+        self.dispatched_s = dispatched_s
+        self.controlled = controlled
+        self.tier = tier
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)
 

@@ -32,6 +32,16 @@ class DecodeTask:
     tokens_left: float
     best_effort: bool = False
 
+    def __init__(
+        self, request_id: int, tpot_s: float, next_due_s: float, tokens_left: float, best_effort: bool = False
+    ) -> None:
+        # The dataclass's own __init__, written out (admission.NATIVE_INIT: a native constructor when compiled).
+        self.request_id = request_id
+        self.tpot_s = tpot_s
+        self.next_due_s = next_due_s
+        self.tokens_left = tokens_left
+        self.best_effort = best_effort
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)
 
@@ -44,6 +54,23 @@ class PrefillTask:
     best_effort: bool = False
     tpot_s: float = 0.0  # its decode SLO once the prefill is done (schedule_batches)
     decode_tokens: int = 0
+
+    def __init__(
+        self,
+        request_id: int,
+        deadline_s: float,
+        tokens_left: int,
+        best_effort: bool = False,
+        tpot_s: float = 0.0,
+        decode_tokens: int = 0,
+    ) -> None:
+        # The dataclass's own __init__, written out (admission.NATIVE_INIT: a native constructor when compiled).
+        self.request_id = request_id
+        self.deadline_s = deadline_s
+        self.tokens_left = tokens_left
+        self.best_effort = best_effort
+        self.tpot_s = tpot_s
+        self.decode_tokens = decode_tokens
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)
@@ -63,6 +90,21 @@ class StepBatch:
     token_budget: int
     decode: dict[int, int] = field(default_factory=dict)  # request -> positions verified (1 + drafts)
     prefill: dict[int, int] = field(default_factory=dict)  # request -> prompt tokens this batch
+
+    def __init__(
+        self,
+        start_s: float,
+        duration_s: float,
+        token_budget: int,
+        decode: dict[int, int] | None = None,
+        prefill: dict[int, int] | None = None,
+    ) -> None:
+        # The dataclass's own __init__ (fresh dicts for those not given), written out (admission.NATIVE_INIT).
+        self.start_s = start_s
+        self.duration_s = duration_s
+        self.token_budget = token_budget
+        self.decode = {} if decode is None else decode
+        self.prefill = {} if prefill is None else prefill
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)

@@ -39,7 +39,7 @@ from core.control.slos_serve.batching import (
 from core.control.slos_serve.budget import BudgetModel
 from core.control.slos_serve.virtual import VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
-from core.step_planner_api import BatchPlan, draw_accepted
+from core.step_planner_api import BatchPlan, StepRequest, draw_accepted
 from core.step_time import StepTimeModel
 
 # The engine paces decodes at this share of their TPOT SLO: step times are noisy (the calibration's noise_cv)
@@ -55,8 +55,19 @@ def _queued(pair: tuple[Any, int]) -> bool:
     return bool(pair[0].admitted_order < 0)
 
 
+def _request_id(item: StepRequest) -> int:
+    """item.req.spec.request_id, from what `_deadlines` keeps on the request where it has run (the same id, read
+    without two generic attribute lookups on the simulator's request)."""
+    known: tuple[Any, ...] | None = item.planned
+    if known is None:
+        rid: int = item.req.spec.request_id
+        return rid
+    rid = known[3]
+    return rid
+
+
 def _fill_in_order(
-    entries: list[tuple[Any, int]],
+    entries: list[tuple[StepRequest, int]],
     admitted: int,
     tokens: int,
     prefilling: list[tuple[Any, int]],
@@ -102,7 +113,7 @@ class SlosServeStepPlanner:
         # (stretch model, decoding tiers' mask, decodes) -> the last KV range plain_decode_check tested, and its answer
         self._decode_proofs: dict[tuple[BudgetModel, int, int], list[Any]] = {}
 
-    def _deadlines(self, item: Any) -> tuple[float, float, bool, int]:
+    def _deadlines(self, item: StepRequest) -> tuple[float, float, bool, int]:
         """(prefill deadline, TPOT, best effort, request id) of a StepRequest. Fixed for as long as the request
         is in the replica (the controller set its SLOs, plan deadline and tier before releasing it), so each
         is worked out once and kept on the request itself (StepRequest.planned: SLOs-Serve keeps nothing else
@@ -138,7 +149,8 @@ class SlosServeStepPlanner:
         behind: set[int] = set()
         deadlines = self._deadlines
         tasks = self._tasks
-        for item in replica.decoding:
+        decoding: list[StepRequest] = replica.decoding
+        for item in decoding:
             if evicted and id(item) in evicted:
                 continue
             out_left = item.out_left
@@ -152,7 +164,7 @@ class SlosServeStepPlanner:
             due = (times[0] if times else now) + (output_tokens - out_left) * tpot  # item.generated, inline
             # The same request's task from the last step, brought up to date (form_batch only reads it).
             task.next_due_s = due
-            task.tokens_left = out_left
+            task.tokens_left = float(out_left)  # (a float field: the int's value, as an int stored into it gives)
             by_id[rid] = item
             decodes.append(task)
             if not best_effort:
@@ -265,21 +277,22 @@ class SlosServeStepPlanner:
         best_effort = self._best_effort
         facts = self._decode_facts(replica)  # asked once: _decode_tiers below reads the same answer
         best_effort_decodes = facts[1]
-        prefilling_best_effort = [item for item in replica.prefilling if best_effort(item)]
+        prefilling: list[StepRequest] = replica.prefilling  # typed: the loops below read its fields natively
+        prefilling_best_effort = [item for item in prefilling if best_effort(item)]
         preemptable = bool(best_effort_decodes or prefilling_best_effort)  # `_admissions`' victims
         deadlines = self._deadlines
-        queued = sorted(replica.waiting, key=best_effort)  # _admissions' order
-        block = replica.block
+        queued: list[StepRequest] = sorted(replica.waiting, key=best_effort)  # _admissions' order
+        block: int = replica.block  # (the replica's ints, typed: native arithmetic in the loops below)
         needs = [-(-(item.context + item.prompt_left + 1) // block) * block - item.context for item in queued]
         queued_best_effort = [best_effort(item) for item in queued]
-        slots = replica.max_seqs - replica.running
-        capacity = replica.kv_capacity
+        slots: int = replica.max_seqs - replica.running
+        capacity: int = replica.kv_capacity
         # Every SLO prefill task `plan` may see, in form_batch's order (a stable sort by deadline of the
         # prefilling requests, then the admitted queue): (task, the request, its place in the queue or -1).
         if prefilling_best_effort:
-            entries = [(item, -1) for item in replica.prefilling if not best_effort(item)]
+            entries = [(item, -1) for item in prefilling if not best_effort(item)]
         else:
-            entries = [(item, -1) for item in replica.prefilling]
+            entries = [(item, -1) for item in prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
         entries.sort(key=lambda entry: deadlines(entry[0])[0])
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
@@ -288,7 +301,7 @@ class SlosServeStepPlanner:
         leftovers = [(item, -1) for item in prefilling_best_effort]
         if True in queued_best_effort:
             leftovers += [(item, i) for i, item in enumerate(queued) if queued_best_effort[i]]
-        tiers, mask = self._decode_tiers(replica, (*replica.prefilling, *queued), facts)
+        tiers, mask = self._decode_tiers(replica, (*prefilling, *queued), facts)
         slo_decodes = len(replica.decoding) - best_effort_decodes
         model = self._stretch_budget(tiers, replica.running)
 
@@ -333,7 +346,7 @@ class SlosServeStepPlanner:
 
         return prefill_chunks
 
-    def _prefill_task(self, item: Any) -> PrefillTask:
+    def _prefill_task(self, item: StepRequest) -> PrefillTask:
         deadline, _, best_effort, rid = self._deadlines(item)
         return PrefillTask(rid, deadline, item.prompt_left, best_effort)
 
@@ -369,20 +382,25 @@ class SlosServeStepPlanner:
         """(the TPOTs of the SLO decodes, how many decodes are best-effort), kept while the replica's decoding
         requests are the same ones (every stretch check asks; the list changes at prefill ends, completions and
         preemptions only). The answer is only read."""
-        key = tuple(replica.decoding)
+        decoding: list[StepRequest] = replica.decoding
+        key = tuple(decoding)
         last = self._last_decodes
         if last is not None and last[0] == key:
             return last[1]
         decode_tpots: set[float] = set()
         best_effort = 0
-        for item in key:
-            known = item.planned  # _deadlines' answer, read inline
+        added: Any = None  # the TPOT added last: an equal one adds nothing to the set (compared, not hashed)
+        for item in decoding:
+            known: tuple[Any, ...] | None = item.planned  # _deadlines' answer, read inline
             if known is None:
                 known = self._deadlines(item)
             if known[2]:
                 best_effort += 1
             else:
-                decode_tpots.add(known[1])
+                tpot = known[1]
+                if tpot != added:  # (a NaN is never equal: added, as before)
+                    decode_tpots.add(tpot)
+                    added = tpot
         answer = (decode_tpots, best_effort)
         self._last_decodes = (key, answer)
         return answer
@@ -455,7 +473,10 @@ class SlosServeStepPlanner:
         return admitting, preempt
 
     @staticmethod
-    def _best_effort(item: Any) -> bool:
+    def _best_effort(item: StepRequest) -> bool:
+        known: tuple[Any, ...] | None = item.planned  # `_deadlines` keeps the same answer (the tier is fixed)
+        if known is not None:
+            return bool(known[2])
         return bool(item.req.tier == TIER_BEST_EFFORT)
 
     def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
@@ -472,17 +493,20 @@ class SlosServeStepPlanner:
         # per running request per decision, ~18 a decision, cost 0.6% of a run); tests/test_slos_serve_lazy_timelines.py
         # holds the virtual records after each sync to the reference's.
         tracked = virtual.requests
-        for item in replica.prefilling:
-            record = tracked.get(item.req.spec.request_id)
+        # The replica's queues hold StepRequests (typed here, the loops read their fields natively when compiled).
+        prefilling: list[StepRequest] = replica.prefilling
+        for item in prefilling:
+            record = tracked.get(_request_id(item))
             if record is not None:
-                record.prefill_left = item.prompt_left
-                record.decode_left = max(0, item.out_left - 1)
+                record.prefill_left = float(item.prompt_left)  # float fields: the ints' values, as stored before
+                record.decode_left = float(max(0, item.out_left - 1))
         logged = len(replica.stretch_log)  # the stretch steps each decoding request is owed from its owed_from on
-        for item in replica.decoding:
-            record = tracked.get(item.req.spec.request_id)
+        decoding: list[StepRequest] = replica.decoding
+        for item in decoding:
+            record = tracked.get(_request_id(item))
             if record is not None:
                 record.prefill_left = 0.0  # a float field (mypyc stores no int into it)
-                record.decode_left = item.out_left + item.owed_from - logged
+                record.decode_left = float(item.out_left + item.owed_from - logged)
                 times = item.chunk_times
                 if times:
                     record.decode_start_s = times[0]

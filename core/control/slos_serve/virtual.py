@@ -20,6 +20,21 @@ from core.control.slos_serve.budget import BudgetModel
 from core.pickling import reduce_by_fields
 
 
+def round_half_even(x: float) -> int:
+    """round(x) for a float: the same int (ties to even; NaN and infinities raise as round does, from int()).
+    Compiled, `round` is looked up in builtins and called through the interpreter, ~900 instructions a call and
+    two calls per running request at every admission decision (running_parts); this is native arithmetic.
+    Exact: int(x) truncates toward zero, and x - n is exact (0 <= |x - n| < 1 with x and n of one sign and
+    n <= |x| < n + 1: Sterbenz's lemma for |n| >= 1, x itself for n == 0; a float of 2**52 or more is whole)."""
+    n = int(x)
+    rest = x - n
+    if rest > 0.5 or (rest == 0.5 and n & 1):
+        return n + 1
+    if rest < -0.5 or (rest == -0.5 and n & 1):
+        return n - 1
+    return n
+
+
 @dataclass(slots=True)
 class Tracked:
     request_id: int
@@ -34,17 +49,42 @@ class Tracked:
     # When its first token came (its decode pace starts there: token k after it is due k TPOTs later).
     decode_start_s: float | None = None
 
+    def __init__(
+        self,
+        request_id: int,
+        prompt_tokens: int,
+        prefill_deadline_s: float,
+        prefill_left: float,
+        decode_left: float,
+        decode_total: int,
+        tpot_s: float,
+        kv_tokens: int,
+        best_effort: bool = False,
+        decode_start_s: float | None = None,
+    ) -> None:
+        # The dataclass's own __init__, written out (admission.NATIVE_INIT: a native constructor when compiled).
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.prefill_deadline_s = prefill_deadline_s
+        self.prefill_left = prefill_left
+        self.decode_left = decode_left
+        self.decode_total = decode_total
+        self.tpot_s = tpot_s
+        self.kv_tokens = kv_tokens
+        self.best_effort = best_effort
+        self.decode_start_s = decode_start_s
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)
 
     def as_plan(self) -> PlanRequest:
         # max(0, round(x)) as a comparison (the same int: max keeps round's unless 0 is larger), and the pace's
         # start and the context as before; one per running request at every admission decision.
-        prefill = round(self.prefill_left)
+        prefill = round_half_even(self.prefill_left)
         if prefill < 0:
             prefill = 0
         decode_left = self.decode_left
-        decode = round(decode_left)
+        decode = round_half_even(decode_left)
         if decode < 0:
             decode = 0
         done = self.decode_total - decode_left
@@ -81,7 +121,7 @@ def running_parts(held: Sequence[Tracked]) -> RunningParts:
         tpot = t.tpot_s
         tpots.append(tpot)
         kv += t.kv_tokens
-        if round(t.prefill_left) > 0:  # as_plan's prefill above 0: the DP visits it (a forced admission)
+        if round_half_even(t.prefill_left) > 0:  # as_plan's prefill above 0: the DP visits it (a forced admission)
             plan = t.as_plan()
             forced.append(plan)
             context += plan.context_tokens
@@ -90,7 +130,7 @@ def running_parts(held: Sequence[Tracked]) -> RunningParts:
         decode_left = t.decode_left
         done = t.decode_total - decode_left
         context += int(t.prompt_tokens + (1.0 + done))
-        decode = round(decode_left)
+        decode = round_half_even(decode_left)
         if decode > 0:
             start = t.decode_start_s
             if start is None:
@@ -140,8 +180,10 @@ class VirtualReplica:
         budget = self._budget(decoding)
         counts = [0.0] * len(budget.tiers)
         mask = 0
+        tiers = budget.tiers
+        one_tier = len(tiers) == 1  # every TPOT is that tier (tiers holds every tracked request's)
         for t in decoding:
-            tier = budget.tiers.index(t.tpot_s)
+            tier = 0 if one_tier else tiers.index(t.tpot_s)
             counts[tier] += 1.0
             mask |= 1 << tier
         tokens = max(0.0, budget.prefill_rate(counts, mask)) * dt
