@@ -372,7 +372,8 @@ class TreePlanner:
             add_uniform(run.uniform_list[step])
         estimates += truths
         estimates += uniforms
-        return np.array(estimates), np.array(needs) if behind else None
+        # (fromiter with its count: the same floats, read without np.array's per-element type discovery)
+        return np.fromiter(estimates, float, len(estimates)), np.array(needs) if behind else None
 
     @staticmethod
     def _decode_batch(columns: np.ndarray, needs: np.ndarray | None, budget: int) -> DecodeBatch:

@@ -28,7 +28,7 @@ from core.control.adaserve.speculation import (
     full_selection,
     most_probable,
     path_probabilities,
-    row_index,
+    row_starts,
     select,
     selected_counts,
 )
@@ -342,8 +342,12 @@ def _throughput_phases(
     size = shape.size
     estimated = probs[:, 0].reshape(steps, n * size)  # (a copy where not contiguous: rows to partition)
     cut = n * size - (budget - n)  # the B - n most probable candidates beside the n roots
-    chosen = np.zeros((steps, n * size), dtype=bool)
-    chosen[row_index(steps), estimated.argpartition(cut, axis=1)[:, cut:]] = True
+    top = estimated.argpartition(cut, axis=1)[:, cut:]  # (K, B - n): each row's chosen columns
+    # The same marks set through flat indices (each row's columns plus its row's start): a one-dimensional
+    # index assignment, which numpy runs several times cheaper than the (row, column) pair of index arrays.
+    top += row_starts(steps, n * size)
+    chosen = np.zeros(steps * n * size, dtype=bool)
+    chosen[top.ravel()] = True
     selected = chosen.reshape(steps, n, size)
     reach = np.matmul(probs[:, 1] * selected, shape.level_onehot)  # (K, n, d): P(accepted depth >= k)
     return (
