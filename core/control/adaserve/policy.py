@@ -354,6 +354,8 @@ class TreePlanner:
                 run = self._next_run(item)
                 track = item.planned
                 step = run.next - 1
+            if step >= run.listed:  # (the run's lists are filled as steps reach them)
+                run.list_through(step + 1)
             if track.tpot_s < inf:
                 if step_s < 0.0:
                     step_s = self._spec_step_s(replica, prefill, budget, spec_steps)

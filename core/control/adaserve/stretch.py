@@ -141,6 +141,8 @@ def build_stretch(
     for run in runs:
         start = run.next - 1
         end = start + steps
+        if end > run.listed:  # (the run's lists are filled as steps reach them)
+            run.list_through(end)
         estimates += run.estimate_list[start:end]
         truths += run.truth_list[start:end]
         uniforms += run.uniform_list[start:end]
