@@ -23,8 +23,7 @@ from core.control.adaserve.speculation import (
     candidate_shape,
     chain_selection,
     clip_acceptance,
-    draft_noise,
-    estimate_with,
+    draft_estimate,
     every_candidate,
     full_selection,
     most_probable,
@@ -118,9 +117,7 @@ class AcceptanceRun:
     """A request's per-step randomness, drawn ahead in one go (a step takes entry `next`)."""
 
     truth: np.ndarray  # true local acceptance a per step, through clip_acceptance (draw_run)
-    # The draft's estimate of it; None: computed as entries are listed (list_through), from `noise`,
-    # `mismatch` and `overconfidence` (speculation.estimate_with; elementwise, so the same floats).
-    estimate: np.ndarray | None
+    estimate: np.ndarray  # the draft's estimate of it
     uniforms: np.ndarray  # draws the accepted depth
     length: int  # steps drawn
     next: int = 0
@@ -136,9 +133,6 @@ class AcceptanceRun:
     estimate_list: list[float] = field(default_factory=list)
     uniform_list: list[float] = field(default_factory=list)
     listed: int = 0
-    noise: np.ndarray | None = None  # the draft's errors, drawn with the run (speculation.draft_noise)
-    mismatch: float = 0.0
-    overconfidence: float = 0.0
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)
@@ -152,14 +146,7 @@ class AcceptanceRun:
             return
         stop = min(max(end, start + max(start, LIST_CHUNK)), self.length)
         self.truth_list += self.truth[start:stop].tolist()
-        estimate = self.estimate
-        if estimate is None:  # (the draft's estimates of the entries listed now, not of every entry)
-            noise = self.noise
-            part = None if noise is None else noise[start:stop]
-            chunk = estimate_with(self.truth[start:stop], part, self.mismatch, self.overconfidence)
-        else:
-            chunk = estimate[start:stop]
-        self.estimate_list += clip_acceptance(chunk).tolist()
+        self.estimate_list += clip_acceptance(self.estimate[start:stop]).tolist()
         self.uniform_list += self.uniforms[start:stop].tolist()
         self.listed = stop
 
@@ -189,11 +176,8 @@ def draw_run(rng: np.random.Generator, mean: float, steps: int, spec: AdaServeSp
     m = min(max(mean, 1e-6), 1.0 - 1e-6)
     # Kept clipped (every use of the truth clips it first; clip_acceptance is idempotent).
     truth = clip_acceptance(rng.beta(m * spec.step_concentration, (1.0 - m) * spec.step_concentration, steps))
-    # The draft's errors are drawn now (the random stream's order), its estimates computed as steps reach them.
-    noise = draft_noise(steps, spec.mismatch, rng)
-    return AcceptanceRun(
-        truth, None, rng.random(steps), steps, noise=noise, mismatch=spec.mismatch, overconfidence=spec.overconfidence
-    )
+    estimate = draft_estimate(truth, spec.mismatch, spec.overconfidence, rng, clipped=True)
+    return AcceptanceRun(truth, estimate, rng.random(steps), steps)
 
 
 class TreeScheduler:

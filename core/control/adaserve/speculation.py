@@ -166,18 +166,6 @@ def draft_estimate(
     """The draft's estimate â of each request's local acceptance (module docstring); `clipped`: the caller
     already passed `true_acceptance` through clip_acceptance."""
     a = true_acceptance if clipped else clip_acceptance(true_acceptance)
-    return estimate_with(a, draft_noise(len(a), mismatch, rng), mismatch, overconfidence)
-
-
-def draft_noise(count: int, mismatch: float, rng: np.random.Generator) -> np.ndarray | None:
-    """The N(0, 1) errors of `count` draft estimates (draft_estimate's only draw); None without mismatch (then
-    nothing is drawn)."""
-    return rng.standard_normal(count) if mismatch else None
-
-
-def estimate_with(a: np.ndarray, noise: np.ndarray | None, mismatch: float, overconfidence: float) -> np.ndarray:
-    """draft_estimate on clipped rates `a` and their drawn `noise` (draft_noise): elementwise, so a run's
-    estimates may be computed a stretch of entries at a time (scheduler.AcceptanceRun.list_through)."""
     if mismatch == 0.0 and overconfidence == 0.0:
         return a
     # Each operation in place where it can be (once per request: the same elementwise values, fewer arrays).
@@ -185,8 +173,10 @@ def estimate_with(a: np.ndarray, noise: np.ndarray | None, mismatch: float, over
     logit -= np.log1p(-a)
     if overconfidence:  # (x + 0.0 is x: a difference of logarithms is never -0.0)
         logit += overconfidence
-    if noise is not None:
-        logit += noise * mismatch
+    if mismatch:
+        noise = rng.standard_normal(len(a))
+        noise *= mismatch
+        logit += noise
     # 1 / (1 + exp(-logit))
     np.negative(logit, out=logit)
     np.exp(logit, out=logit)
