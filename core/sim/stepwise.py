@@ -398,13 +398,14 @@ class StepwiseReplica(ReplicaBase[StepRequest]):
 
     def _complete_item(self, item: StepRequest, now: float) -> None:
         self._release_kv(item)
-        # (fromiter with the count: the same values as asarray, read without its per-element type discovery)
-        times = np.fromiter(item.chunk_times, float, len(item.chunk_times))
+        times = np.asarray(item.chunk_times, dtype=float)
         tokens = item.chunk_tokens
         one_each = tokens.count(1) == len(tokens)  # (a list's own count: np.all's wrapper costs more)
         # item.req is the SimRequest enqueue wrapped (the planner API names it by a protocol, not the simulator's type).
         req = cast(SimRequest, item.req)
-        self.on_complete(req, now, times, None if one_each else np.fromiter(tokens, np.int64, len(tokens)))
+        # (fromiter with the count: the same values as asarray, without its per-element type discovery)
+        counts = None if one_each else np.fromiter(tokens, np.int64, len(tokens))
+        self.on_complete(req, now, times, counts)
 
     def _preempt_items(self) -> None:
         """Recompute preemption of the newest admitted requests until the KV cache fits (as replica.py)."""
