@@ -139,6 +139,8 @@ def test_path_probabilities_equal_the_outer_products_bit_for_bit(depth: int, wid
         fast = path_probabilities(shape, a, clipped=True)
         assert fast.shape == (rows, shape.size)
         assert fast.view(np.uint64).tolist() == _outer_form(shape, a).view(np.uint64).tolist()
+        broadcast = path_probabilities(shape, a, clipped=True, shared=False)  # (a stretch's form)
+        assert broadcast.view(np.uint64).tolist() == fast.view(np.uint64).tolist()
 
 
 def test_counts_with_an_initial_value_equal_the_counts_plus_it() -> None:

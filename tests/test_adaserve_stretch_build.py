@@ -1,6 +1,6 @@
 """How AdaServe's planner builds a stretch of throughput selection steps (core/control/adaserve/stretch.py): a
 step that builds one does not gather its columns first (the stretch gathers them again), and a stretch's rows
-reach no further than half the tokens any request has left. Both only change how much is computed; that the
+reach no further than a third of the tokens any request has left. Both only change how much is computed; that the
 records stay the same is tests/test_adaserve_stretch.py's whole-run comparison."""
 
 from __future__ import annotations

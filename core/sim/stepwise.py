@@ -411,7 +411,9 @@ class StepwiseReplica(ReplicaBase[StepRequest]):
         one_each = tokens.count(1) == len(tokens)  # (a list's own count: np.all's wrapper costs more)
         # item.req is the SimRequest enqueue wrapped (the planner API names it by a protocol, not the simulator's type).
         req = cast(SimRequest, item.req)
-        self.on_complete(req, now, times, None if one_each else np.asarray(tokens, dtype=np.int64))
+        # (fromiter with the count: the same values as asarray, without its per-element type discovery)
+        counts = None if one_each else np.fromiter(tokens, np.int64, len(tokens))
+        self.on_complete(req, now, times, counts)
 
     def _preempt_items(self) -> None:
         """Recompute preemption of the newest admitted requests until the KV cache fits (as replica.py)."""

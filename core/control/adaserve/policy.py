@@ -354,6 +354,8 @@ class TreePlanner:
                 run = self._next_run(item)
                 track = item.planned
                 step = run.next - 1
+            if step >= run.listed:  # (the run's lists are filled as steps reach them)
+                run.list_through(step + 1)
             if track.tpot_s < inf:
                 if step_s < 0.0:
                     step_s = self._spec_step_s(replica, prefill, budget, spec_steps)
@@ -372,7 +374,8 @@ class TreePlanner:
             add_uniform(run.uniform_list[step])
         estimates += truths
         estimates += uniforms
-        return np.array(estimates), np.array(needs) if behind else None
+        # (fromiter with its count: the same floats, read without np.array's per-element type discovery)
+        return np.fromiter(estimates, float, len(estimates)), np.array(needs) if behind else None
 
     @staticmethod
     def _decode_batch(columns: np.ndarray, needs: np.ndarray | None, budget: int) -> DecodeBatch:

@@ -52,6 +52,11 @@ class CandidateShape:
     level_onehot: np.ndarray  # (N, d) float: column k-1 marks the nodes at depth k
     exponents: tuple[np.ndarray, np.ndarray]  # (N,) float each: depth and offset, the exponents of a and 1 - a
     size: int  # N
+    # The distinct (depth, offset) pairs (U of them, in order of first appearance), as `exponents` is, and the
+    # pair of each node ((N,) int): nodes sharing a pair share their path probability bit for bit (the same
+    # operations on the same numbers), so path_probabilities computes each pair once (a (3, 8) tree: 15 of 24).
+    distinct_exponents: tuple[np.ndarray, np.ndarray]
+    distinct_of: np.ndarray
 
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)
@@ -82,6 +87,8 @@ def candidate_shape(depth: int, width: int) -> CandidateShape:
             parents.append(parent)
             ranks.append(rank)
     depth_arr = np.array(depths, dtype=np.int64)
+    pairs: dict[tuple[int, int], int] = {}
+    distinct_of = [pairs.setdefault((level, offset), len(pairs)) for level, offset in zip(depths, offsets, strict=True)]
     onehot = np.zeros((len(depths), depth))
     onehot[np.arange(len(depths)), depth_arr - 1] = 1.0
     return CandidateShape(
@@ -94,6 +101,11 @@ def candidate_shape(depth: int, width: int) -> CandidateShape:
         level_onehot=onehot,
         exponents=(np.array(depths, dtype=float), np.array(offsets, dtype=float)),
         size=len(depths),
+        distinct_exponents=(
+            np.array([level for level, _ in pairs], dtype=float),
+            np.array([offset for _, offset in pairs], dtype=float),
+        ),
+        distinct_of=np.array(distinct_of, dtype=np.intp),
     )
 
 
@@ -110,29 +122,34 @@ def path_probabilities(
     once per row count and kept (a step's row counts are few); False for one-off row counts (a stretch's K
     steps), which multiply each row by the exponents broadcast instead: the same products."""
     a = acceptance if clipped else clip_acceptance(acceptance)
-    rows, size = len(a), shape.size
+    rows = len(a)
+    depth, offset = shape.distinct_exponents
+    size = len(depth)  # U: each distinct (depth, offset) pair once, then copied to the nodes that share it
     if shared:
         depth, offset = _tiled_exponents(shape.depth_limit, shape.width, rows)
-    else:  # (the (rows, N) views of the same products: each row times the exponents, broadcast)
-        depth, offset = shape.exponents
     # Row i of the outer products log(a) x depth and log1p(-a) x offset, flattened: a[i]'s logarithm repeated
-    # once per node times the exponents tiled once per row, the same products (and the same sum and exp)
+    # once per pair times the exponents tiled once per row, the same products (and the same sum and exp)
     # elementwise in one-dimensional calls, which numpy runs far cheaper than a broadcast outer product.
     logs = np.log(a).repeat(size)
     tail = np.log1p(-a).repeat(size)
-    if not shared:
+    if not shared:  # (the (rows, U) views of the same products: each row times the exponents, broadcast)
         logs, tail = logs.reshape(rows, size), tail.reshape(rows, size)
     logs *= depth
     tail *= offset
     logs += tail
     np.exp(logs, out=logs)
-    return logs.reshape(rows, size)
+    if size == shape.size:  # (every pair distinct: distinct_of is the identity)
+        return logs.reshape(rows, size)
+    # Node j's value is its pair's, computed by the same operations on the same numbers: the same bits as
+    # computing it for every node (the exp, about 60 instructions an element, is the step's costliest call).
+    return logs.reshape(rows, size).take(shape.distinct_of, axis=1)
 
 
 @functools.lru_cache(maxsize=1024)
 def _tiled_exponents(depth: int, width: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
-    """candidate_shape(depth, width).exponents, each tiled `rows` times (read-only: shared between calls)."""
-    tiled = tuple(np.tile(exponent, rows) for exponent in candidate_shape(depth, width).exponents)
+    """candidate_shape(depth, width).distinct_exponents, each tiled `rows` times (read-only: shared between
+    calls)."""
+    tiled = tuple(np.tile(exponent, rows) for exponent in candidate_shape(depth, width).distinct_exponents)
     for exponent in tiled:
         exponent.flags.writeable = False
     return tiled  # type: ignore[return-value]
@@ -287,6 +304,15 @@ def row_index(rows: int) -> np.ndarray:
     index = np.arange(rows)[:, None]
     index.flags.writeable = False
     return index
+
+
+@functools.lru_cache(maxsize=1024)
+def row_starts(rows: int, width: int) -> np.ndarray:
+    """A (rows, 1) column of each row's first flat index in a C-ordered (rows, width) array (read-only: shared
+    between calls)."""
+    starts = (np.arange(rows) * width)[:, None]
+    starts.flags.writeable = False
+    return starts
 
 
 def accepted_draft_tokens(
