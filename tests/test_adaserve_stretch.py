@@ -81,7 +81,9 @@ def _runs(rng: np.random.Generator, n: int, length: int) -> list[AcceptanceRun]:
     for _ in range(n):
         truth = np.minimum(np.maximum(rng.beta(3.0, 1.5, length), 1e-9), 1.0 - 1e-9)
         truth[: length // 5] = 0.5  # equal rates: ties among the requests' candidates
-        runs.append(AcceptanceRun(truth, truth * rng.uniform(0.8, 1.2, length), rng.random(length), length))
+        # (clipped, as draw_run's estimates are)
+        estimate = np.minimum(np.maximum(truth * rng.uniform(0.8, 1.2, length), 1e-9), 1.0 - 1e-9)
+        runs.append(AcceptanceRun(truth, estimate, rng.random(length), length))
     return runs
 
 

@@ -32,6 +32,7 @@ from core.control.adaserve.scheduler import (
     StaticScheduler,
     TreeScheduler,
     draw_run,
+    float_array,
 )
 from core.control.adaserve.step_lengths import StepLengths
 from core.control.adaserve.stretch import SelectionStretch, Throughput, advance, build_stretch, stretch_steps
@@ -374,8 +375,7 @@ class TreePlanner:
             add_uniform(run.uniform_list[step])
         estimates += truths
         estimates += uniforms
-        # (fromiter with its count: the same floats, read without np.array's per-element type discovery)
-        return np.fromiter(estimates, float, len(estimates)), np.array(needs) if behind else None
+        return float_array(estimates), np.array(needs) if behind else None
 
     @staticmethod
     def _decode_batch(columns: np.ndarray, needs: np.ndarray | None, budget: int) -> DecodeBatch:

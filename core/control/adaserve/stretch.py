@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from core.control.adaserve.scheduler import AcceptanceRun
+from core.control.adaserve.scheduler import AcceptanceRun, float_array
 from core.control.adaserve.speculation import candidate_shape, path_probabilities
 from core.pickling import reduce_by_fields
 from core.step_planner_api import StepRequest
@@ -148,8 +148,7 @@ def build_stretch(
         uniforms += run.uniform_list[start:end]
     estimates += truths
     estimates += uniforms
-    # (fromiter with its count: the same floats, read without np.array's per-element type discovery)
-    columns = np.fromiter(estimates, float, len(estimates)).reshape(3 * n, steps).T
+    columns = float_array(estimates).reshape(3 * n, steps).T
     rates = columns[:, : 2 * n].ravel()  # step by step: its n estimates, then its n truths
     shape = candidate_shape(*dims)
     probs = path_probabilities(shape, rates, clipped=True, shared=False).reshape(steps, 2, n, shape.size)
