@@ -294,7 +294,11 @@ class SlosServeStepPlanner:
         else:
             entries = [(item, -1) for item in prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
-        entries.sort(key=lambda entry: deadlines(entry[0])[0])
+        if len(entries) > 1:  # (one entry is in order: its task below works its deadline out as the key did)
+            # sort(key=deadline): the same stable order, from the keys worked out natively and read back through
+            # the list's own __getitem__ (a C call per entry, not a closure called through the interpreter's API).
+            keys = [deadlines(item)[0] for item, _ in entries]
+            entries = [entries[j] for j in sorted(range(len(entries)), key=keys.__getitem__)]
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
         # The best-effort prefills in form_batch's order: the prefilling ones, then the queued ones (after every
         # queued SLO one in `queued`), each with its place in the queue or -1.
@@ -368,6 +372,26 @@ class SlosServeStepPlanner:
         if last is not None and last[0] is facts and last[1] == prefilling:
             return last[2]
         decode_tpots = facts[0]
+        if len(decode_tpots) <= 1:
+            # One TPOT among the decodes and `prefilling` (bench-chat's one SLO class, and most stretches of the
+            # mixed profiles): the set below would hold that one value, the decodes' own where they have it, and
+            # tier_list gives it alone, in the mask where the decodes have it. Compared, not hashed (a NaN equals
+            # nothing: the sets' path).
+            only = math.nan
+            for t in decode_tpots:
+                only = t
+            alone = True
+            for item in prefilling:
+                tpot: float = self._deadlines(item)[1]
+                if not decode_tpots and item is prefilling[0]:
+                    only = tpot
+                elif tpot != only:
+                    alone = False
+                    break
+            if alone and (decode_tpots or prefilling):
+                answer = ([only], 1 if decode_tpots else 0)
+                self._last_tiers = (facts, prefilling, answer)
+                return answer
         tpots = decode_tpots | {self._deadlines(item)[1] for item in prefilling} if prefilling else decode_tpots
         tiers = tier_list(tpots) if tpots else [1.0]
         mask = 0
@@ -389,16 +413,19 @@ class SlosServeStepPlanner:
             return last[1]
         decode_tpots: set[float] = set()
         best_effort = 0
-        added: Any = None  # the TPOT added last: an equal one adds nothing to the set (compared, not hashed)
+        # The TPOT added last: an equal one adds nothing to the set (compared, not hashed). Typed, the comparison is
+        # native; the NaN start equals nothing, as None did (and a NaN TPOT is added each time, as before).
+        added = math.nan
         for item in decoding:
             known: tuple[Any, ...] | None = item.planned  # _deadlines' answer, read inline
             if known is None:
                 known = self._deadlines(item)
-            if known[2]:
+            is_best_effort: bool = known[2]
+            if is_best_effort:
                 best_effort += 1
             else:
-                tpot = known[1]
-                if tpot != added:  # (a NaN is never equal: added, as before)
+                tpot: float = known[1]
+                if tpot != added:
                     decode_tpots.add(tpot)
                     added = tpot
         answer = (decode_tpots, best_effort)
