@@ -66,6 +66,14 @@ def _request_id(item: StepRequest) -> int:
     return rid
 
 
+def _is_best_effort(item: StepRequest) -> bool:
+    """Whether a request is of the best-effort tier."""
+    known: tuple[Any, ...] | None = item.planned  # `_deadlines` keeps the same answer (the tier is fixed)
+    if known is not None:
+        return bool(known[2])
+    return bool(item.req.tier == TIER_BEST_EFFORT)
+
+
 def _fill_in_order(
     entries: list[tuple[StepRequest, int]],
     admitted: int,
@@ -147,7 +155,6 @@ class SlosServeStepPlanner:
         by_id: dict[int, Any] = {}
         tpots: set[float] = set()
         behind: set[int] = set()
-        deadlines = self._deadlines
         tasks = self._tasks
         decoding: list[StepRequest] = replica.decoding
         for item in decoding:
@@ -156,7 +163,7 @@ class SlosServeStepPlanner:
             out_left = item.out_left
             known = tasks.get(item)
             if known is None:  # its task, kept with the fixed figures the loop needs (see _deadlines)
-                _, tpot, best_effort, rid = deadlines(item)
+                _, tpot, best_effort, rid = self._deadlines(item)
                 task = DecodeTask(rid, tpot, 0.0, out_left, best_effort)
                 known = tasks[item] = (task, tpot, best_effort, rid, item.req.spec.output_tokens)
             task, tpot, best_effort, rid, output_tokens = known
@@ -174,7 +181,7 @@ class SlosServeStepPlanner:
         prefills: list[PrefillTask] = []
         order = [item for item in replica.prefilling if id(item) not in evicted] if evicted else replica.prefilling
         for item in (*order, *admitting):
-            deadline, tpot, best_effort, rid = deadlines(item)
+            deadline, tpot, best_effort, rid = self._deadlines(item)
             by_id[rid] = item
             prefills.append(PrefillTask(rid, deadline, item.prompt_left, best_effort))
             tpots.add(tpot)
@@ -274,30 +281,38 @@ class SlosServeStepPlanner:
         self.replica = replica  # as `plan` keeps it (for `sync`): a stretch may admit before any plan is asked
         if self._speculates():
             return None
-        best_effort = self._best_effort
+        # (_is_best_effort and self._deadlines called directly: native calls, not a bound method called through the
+        # interpreter's API per request)
         facts = self._decode_facts(replica)  # asked once: _decode_tiers below reads the same answer
         best_effort_decodes = facts[1]
         prefilling: list[StepRequest] = replica.prefilling  # typed: the loops below read its fields natively
-        prefilling_best_effort = [item for item in prefilling if best_effort(item)]
+        prefilling_best_effort = [item for item in prefilling if _is_best_effort(item)]
         preemptable = bool(best_effort_decodes or prefilling_best_effort)  # `_admissions`' victims
-        deadlines = self._deadlines
-        queued: list[StepRequest] = sorted(replica.waiting, key=best_effort)  # _admissions' order
+        # _admissions' order, sorted(waiting, key=best effort): a stable sort on False/True is the SLO requests in
+        # their order, then the best-effort ones in theirs.
+        queued: list[StepRequest] = []
+        queued_rest: list[StepRequest] = []
+        for item in replica.waiting:
+            (queued_rest if _is_best_effort(item) else queued).append(item)
+        queued_best_effort = [False] * len(queued)
+        if queued_rest:
+            queued += queued_rest
+            queued_best_effort += [True] * len(queued_rest)
         block: int = replica.block  # (the replica's ints, typed: native arithmetic in the loops below)
         needs = [-(-(item.context + item.prompt_left + 1) // block) * block - item.context for item in queued]
-        queued_best_effort = [best_effort(item) for item in queued]
         slots: int = replica.max_seqs - replica.running
         capacity: int = replica.kv_capacity
         # Every SLO prefill task `plan` may see, in form_batch's order (a stable sort by deadline of the
         # prefilling requests, then the admitted queue): (task, the request, its place in the queue or -1).
         if prefilling_best_effort:
-            entries = [(item, -1) for item in prefilling if not best_effort(item)]
+            entries = [(item, -1) for item in prefilling if not _is_best_effort(item)]
         else:
             entries = [(item, -1) for item in prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
         if len(entries) > 1:  # (one entry is in order: its task below works its deadline out as the key did)
             # sort(key=deadline): the same stable order, from the keys worked out natively and read back through
             # the list's own __getitem__ (a C call per entry, not a closure called through the interpreter's API).
-            keys = [deadlines(item)[0] for item, _ in entries]
+            keys = [self._deadlines(item)[0] for item, _ in entries]
             entries = [entries[j] for j in sorted(range(len(entries)), key=keys.__getitem__)]
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
         # The best-effort prefills in form_batch's order: the prefilling ones, then the queued ones (after every
@@ -369,7 +384,8 @@ class SlosServeStepPlanner:
         if facts is None:  # (the caller's `_decode_facts(replica)` where it has it: the same object)
             facts = self._decode_facts(replica)
         last = self._last_tiers
-        if last is not None and last[0] is facts and last[1] == prefilling:
+        # (the facts' set itself, kept by `_last_tiers`: compiled, `facts` is a native pair, boxed afresh each time)
+        if last is not None and last[0][0] is facts[0] and last[1] == prefilling:
             return last[2]
         decode_tpots = facts[0]
         if len(decode_tpots) <= 1:
@@ -501,10 +517,7 @@ class SlosServeStepPlanner:
 
     @staticmethod
     def _best_effort(item: StepRequest) -> bool:
-        known: tuple[Any, ...] | None = item.planned  # `_deadlines` keeps the same answer (the tier is fixed)
-        if known is not None:
-            return bool(known[2])
-        return bool(item.req.tier == TIER_BEST_EFFORT)
+        return _is_best_effort(item)
 
     def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
         if verified == 1:  # no draft to verify: draw_accepted's answer, without a call (every plain decode)
