@@ -37,7 +37,7 @@ from core.control.slos_serve.batching import (
     urgent_prefill_tokens,
 )
 from core.control.slos_serve.budget import BudgetModel
-from core.control.slos_serve.virtual import VirtualReplica
+from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
 from core.step_planner_api import BatchPlan, StepRequest, draw_accepted
 from core.step_time import StepTimeModel
@@ -53,6 +53,15 @@ DECODE_WINDOW = 32
 def _queued(pair: tuple[Any, int]) -> bool:
     """Sort key of BatchPlan.prefill entries: already-prefilling requests (admitted) before queued ones."""
     return bool(pair[0].admitted_order < 0)
+
+
+def _request_key(item: StepRequest) -> Any:
+    """`_request_id`'s id as the object it is kept as (a dict key): typed int, compiled code unboxes it and boxes
+    it again for each lookup, a new int object above 256 (`sync` looks up every running request a decision)."""
+    known: tuple[Any, ...] | None = item.planned
+    if known is None:
+        return item.req.spec.request_id
+    return known[3]
 
 
 def _request_id(item: StepRequest) -> int:
@@ -532,18 +541,18 @@ class SlosServeStepPlanner:
         # The engine's real progress, written into the virtual replica's records in place (the one writer: a call
         # per running request per decision, ~18 a decision, cost 0.6% of a run); tests/test_slos_serve_lazy_timelines.py
         # holds the virtual records after each sync to the reference's.
-        tracked = virtual.requests
+        tracked: dict[Any, Tracked] = virtual.requests  # keyed by `_request_key`'s objects (no unboxing)
         # The replica's queues hold StepRequests (typed here, the loops read their fields natively when compiled).
         prefilling: list[StepRequest] = replica.prefilling
         for item in prefilling:
-            record = tracked.get(_request_id(item))
+            record = tracked.get(_request_key(item))
             if record is not None:
                 record.prefill_left = float(item.prompt_left)  # float fields: the ints' values, as stored before
                 record.decode_left = float(max(0, item.out_left - 1))
         logged = len(replica.stretch_log)  # the stretch steps each decoding request is owed from its owed_from on
         decoding: list[StepRequest] = replica.decoding
         for item in decoding:
-            record = tracked.get(_request_id(item))
+            record = tracked.get(_request_key(item))
             if record is not None:
                 record.prefill_left = 0.0  # a float field (mypyc stores no int into it)
                 record.decode_left = float(item.out_left + item.owed_from - logged)
