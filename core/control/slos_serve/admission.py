@@ -281,7 +281,8 @@ class AdmissionPlanner:
         # Visit order: by prefill deadline; a running request before a new one on a tie.
         visits: list[tuple[float, int, int, PlanRequest]] = [(r.prefill_deadline_s, 0, -1, r) for r in forced]
         visits += [(r.prefill_deadline_s, 1, pos, r) for pos, r in enumerate(new)]
-        visits.sort(key=lambda v: (v[0], v[1]))
+        if len(visits) > 1:  # (the usual decision: one arrival, nothing prefilling; a sort still keys its one visit)
+            visits.sort(key=lambda v: (v[0], v[1]))
         deadlines = [max(v[0], now) for v in visits]
         # Each decoding request's tier looked up once (with one tier, every TPOT is it: no float hashing), for its
         # pace and for the tiers decoding and the ones still decoding after the last deadline.

@@ -37,7 +37,7 @@ from core.control.slos_serve.batching import (
     urgent_prefill_tokens,
 )
 from core.control.slos_serve.budget import BudgetModel
-from core.control.slos_serve.virtual import VirtualReplica
+from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
 from core.step_planner_api import BatchPlan, StepRequest, draw_accepted
 from core.step_time import StepTimeModel
@@ -55,6 +55,15 @@ def _queued(pair: tuple[Any, int]) -> bool:
     return bool(pair[0].admitted_order < 0)
 
 
+def _request_key(item: StepRequest) -> Any:
+    """`_request_id`'s id as the object it is kept as (a dict key): typed int, compiled code unboxes it and boxes
+    it again for each lookup, a new int object above 256 (`sync` looks up every running request a decision)."""
+    known: tuple[Any, ...] | None = item.planned
+    if known is None:
+        return item.req.spec.request_id
+    return known[3]
+
+
 def _request_id(item: StepRequest) -> int:
     """item.req.spec.request_id, from what `_deadlines` keeps on the request where it has run (the same id, read
     without two generic attribute lookups on the simulator's request)."""
@@ -64,6 +73,14 @@ def _request_id(item: StepRequest) -> int:
         return rid
     rid = known[3]
     return rid
+
+
+def _is_best_effort(item: StepRequest) -> bool:
+    """Whether a request is of the best-effort tier."""
+    known: tuple[Any, ...] | None = item.planned  # `_deadlines` keeps the same answer (the tier is fixed)
+    if known is not None:
+        return bool(known[2])
+    return bool(item.req.tier == TIER_BEST_EFFORT)
 
 
 def _fill_in_order(
@@ -147,7 +164,6 @@ class SlosServeStepPlanner:
         by_id: dict[int, Any] = {}
         tpots: set[float] = set()
         behind: set[int] = set()
-        deadlines = self._deadlines
         tasks = self._tasks
         decoding: list[StepRequest] = replica.decoding
         for item in decoding:
@@ -156,7 +172,7 @@ class SlosServeStepPlanner:
             out_left = item.out_left
             known = tasks.get(item)
             if known is None:  # its task, kept with the fixed figures the loop needs (see _deadlines)
-                _, tpot, best_effort, rid = deadlines(item)
+                _, tpot, best_effort, rid = self._deadlines(item)
                 task = DecodeTask(rid, tpot, 0.0, out_left, best_effort)
                 known = tasks[item] = (task, tpot, best_effort, rid, item.req.spec.output_tokens)
             task, tpot, best_effort, rid, output_tokens = known
@@ -174,7 +190,7 @@ class SlosServeStepPlanner:
         prefills: list[PrefillTask] = []
         order = [item for item in replica.prefilling if id(item) not in evicted] if evicted else replica.prefilling
         for item in (*order, *admitting):
-            deadline, tpot, best_effort, rid = deadlines(item)
+            deadline, tpot, best_effort, rid = self._deadlines(item)
             by_id[rid] = item
             prefills.append(PrefillTask(rid, deadline, item.prompt_left, best_effort))
             tpots.add(tpot)
@@ -274,27 +290,39 @@ class SlosServeStepPlanner:
         self.replica = replica  # as `plan` keeps it (for `sync`): a stretch may admit before any plan is asked
         if self._speculates():
             return None
-        best_effort = self._best_effort
+        # (_is_best_effort and self._deadlines called directly: native calls, not a bound method called through the
+        # interpreter's API per request)
         facts = self._decode_facts(replica)  # asked once: _decode_tiers below reads the same answer
         best_effort_decodes = facts[1]
         prefilling: list[StepRequest] = replica.prefilling  # typed: the loops below read its fields natively
-        prefilling_best_effort = [item for item in prefilling if best_effort(item)]
+        prefilling_best_effort = [item for item in prefilling if _is_best_effort(item)]
         preemptable = bool(best_effort_decodes or prefilling_best_effort)  # `_admissions`' victims
-        deadlines = self._deadlines
-        queued: list[StepRequest] = sorted(replica.waiting, key=best_effort)  # _admissions' order
+        # _admissions' order, sorted(waiting, key=best effort): a stable sort on False/True is the SLO requests in
+        # their order, then the best-effort ones in theirs.
+        queued: list[StepRequest] = []
+        queued_rest: list[StepRequest] = []
+        for item in replica.waiting:
+            (queued_rest if _is_best_effort(item) else queued).append(item)
+        queued_best_effort = [False] * len(queued)
+        if queued_rest:
+            queued += queued_rest
+            queued_best_effort += [True] * len(queued_rest)
         block: int = replica.block  # (the replica's ints, typed: native arithmetic in the loops below)
         needs = [-(-(item.context + item.prompt_left + 1) // block) * block - item.context for item in queued]
-        queued_best_effort = [best_effort(item) for item in queued]
         slots: int = replica.max_seqs - replica.running
         capacity: int = replica.kv_capacity
         # Every SLO prefill task `plan` may see, in form_batch's order (a stable sort by deadline of the
         # prefilling requests, then the admitted queue): (task, the request, its place in the queue or -1).
         if prefilling_best_effort:
-            entries = [(item, -1) for item in prefilling if not best_effort(item)]
+            entries = [(item, -1) for item in prefilling if not _is_best_effort(item)]
         else:
             entries = [(item, -1) for item in prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
-        entries.sort(key=lambda entry: deadlines(entry[0])[0])
+        if len(entries) > 1:  # (one entry is in order: its task below works its deadline out as the key did)
+            # sort(key=deadline): the same stable order, from the keys worked out natively and read back through
+            # the list's own __getitem__ (a C call per entry, not a closure called through the interpreter's API).
+            keys = [self._deadlines(item)[0] for item, _ in entries]
+            entries = [entries[j] for j in sorted(range(len(entries)), key=keys.__getitem__)]
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
         # The best-effort prefills in form_batch's order: the prefilling ones, then the queued ones (after every
         # queued SLO one in `queued`), each with its place in the queue or -1.
@@ -365,9 +393,30 @@ class SlosServeStepPlanner:
         if facts is None:  # (the caller's `_decode_facts(replica)` where it has it: the same object)
             facts = self._decode_facts(replica)
         last = self._last_tiers
-        if last is not None and last[0] is facts and last[1] == prefilling:
+        # (the facts' set itself, kept by `_last_tiers`: compiled, `facts` is a native pair, boxed afresh each time)
+        if last is not None and last[0][0] is facts[0] and last[1] == prefilling:
             return last[2]
         decode_tpots = facts[0]
+        if len(decode_tpots) <= 1:
+            # One TPOT among the decodes and `prefilling` (bench-chat's one SLO class, and most stretches of the
+            # mixed profiles): the set below would hold that one value, the decodes' own where they have it, and
+            # tier_list gives it alone, in the mask where the decodes have it. Compared, not hashed (a NaN equals
+            # nothing: the sets' path).
+            only = math.nan
+            for t in decode_tpots:
+                only = t
+            alone = True
+            for item in prefilling:
+                tpot: float = self._deadlines(item)[1]
+                if not decode_tpots and item is prefilling[0]:
+                    only = tpot
+                elif tpot != only:
+                    alone = False
+                    break
+            if alone and (decode_tpots or prefilling):
+                answer = ([only], 1 if decode_tpots else 0)
+                self._last_tiers = (facts, prefilling, answer)
+                return answer
         tpots = decode_tpots | {self._deadlines(item)[1] for item in prefilling} if prefilling else decode_tpots
         tiers = tier_list(tpots) if tpots else [1.0]
         mask = 0
@@ -389,16 +438,19 @@ class SlosServeStepPlanner:
             return last[1]
         decode_tpots: set[float] = set()
         best_effort = 0
-        added: Any = None  # the TPOT added last: an equal one adds nothing to the set (compared, not hashed)
+        # The TPOT added last: an equal one adds nothing to the set (compared, not hashed). Typed, the comparison is
+        # native; the NaN start equals nothing, as None did (and a NaN TPOT is added each time, as before).
+        added = math.nan
         for item in decoding:
             known: tuple[Any, ...] | None = item.planned  # _deadlines' answer, read inline
             if known is None:
                 known = self._deadlines(item)
-            if known[2]:
+            is_best_effort: bool = known[2]
+            if is_best_effort:
                 best_effort += 1
             else:
-                tpot = known[1]
-                if tpot != added:  # (a NaN is never equal: added, as before)
+                tpot: float = known[1]
+                if tpot != added:
                     decode_tpots.add(tpot)
                     added = tpot
         answer = (decode_tpots, best_effort)
@@ -474,10 +526,7 @@ class SlosServeStepPlanner:
 
     @staticmethod
     def _best_effort(item: StepRequest) -> bool:
-        known: tuple[Any, ...] | None = item.planned  # `_deadlines` keeps the same answer (the tier is fixed)
-        if known is not None:
-            return bool(known[2])
-        return bool(item.req.tier == TIER_BEST_EFFORT)
+        return _is_best_effort(item)
 
     def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
         if verified == 1:  # no draft to verify: draw_accepted's answer, without a call (every plain decode)
@@ -492,18 +541,18 @@ class SlosServeStepPlanner:
         # The engine's real progress, written into the virtual replica's records in place (the one writer: a call
         # per running request per decision, ~18 a decision, cost 0.6% of a run); tests/test_slos_serve_lazy_timelines.py
         # holds the virtual records after each sync to the reference's.
-        tracked = virtual.requests
+        tracked: dict[Any, Tracked] = virtual.requests  # keyed by `_request_key`'s objects (no unboxing)
         # The replica's queues hold StepRequests (typed here, the loops read their fields natively when compiled).
         prefilling: list[StepRequest] = replica.prefilling
         for item in prefilling:
-            record = tracked.get(_request_id(item))
+            record = tracked.get(_request_key(item))
             if record is not None:
                 record.prefill_left = float(item.prompt_left)  # float fields: the ints' values, as stored before
                 record.decode_left = float(max(0, item.out_left - 1))
         logged = len(replica.stretch_log)  # the stretch steps each decoding request is owed from its owed_from on
         decoding: list[StepRequest] = replica.decoding
         for item in decoding:
-            record = tracked.get(_request_id(item))
+            record = tracked.get(_request_key(item))
             if record is not None:
                 record.prefill_left = 0.0  # a float field (mypyc stores no int into it)
                 record.decode_left = float(item.out_left + item.owed_from - logged)

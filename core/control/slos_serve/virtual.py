@@ -166,11 +166,17 @@ class VirtualReplica:
         self.clock = now
         if not self.requests:
             return
-        decoding = [t for t in self.requests.values() if t.prefill_left <= 0 and t.decode_left > 0]
-        prefilling = sorted(
-            (t for t in self.requests.values() if t.prefill_left > 0),
-            key=lambda t: (t.best_effort, t.prefill_deadline_s),
-        )
+        # One pass over the records (the two lists in the dict's order, as two comprehensions gave them), and the
+        # sort only with two prefilling or more: most decisions find none or one (a sort calls its key even so).
+        decoding: list[Tracked] = []
+        prefilling: list[Tracked] = []
+        for t in self.requests.values():
+            if t.prefill_left > 0:
+                prefilling.append(t)
+            elif t.decode_left > 0:
+                decoding.append(t)
+        if len(prefilling) > 1:
+            prefilling.sort(key=lambda t: (t.best_effort, t.prefill_deadline_s))
         for t in decoding:
             # max(0.0, x) as a comparison: max keeps 0.0 unless x is larger (NaN and -0.0 give 0.0 both ways)
             left = t.decode_left - dt / t.tpot_s
