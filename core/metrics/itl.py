@@ -25,6 +25,7 @@ import numpy as np
 from core.records import RequestRecord
 
 NAN = float("nan")
+_FLOAT64 = np.dtype(np.float64)
 
 # Gaps materialised at once: 256 kB of float64 per block (the summary's peak holds a few such temporaries).
 # At least numpy's pairwise block (128): below it numpy no longer splits (it sums with eight accumulators), so a
@@ -38,6 +39,8 @@ _BIN_SHIFT = 44
 # order statistics without the histogram's two passes, which cost more than they save on a short run (a tune
 # segment's 1,600 requests).
 _MATERIALISE = 1 << 20
+# Step gaps priced at once when a multiset's pieces are made (64 kB per temporary).
+_PIECE = 1 << 13
 
 
 class GapSeries:
@@ -54,6 +57,48 @@ class GapSeries:
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
+
+    def distinct_gaps(self) -> GapMultiset | None:
+        """The series' gaps as a multiset of step gaps with their counts, when the records' chunk times are
+        mostly views of shared step-time blocks (the simulator's); else None.
+
+        A simulated record's chunk times are a view of its replica's step-time block (core/sim/replica.py
+        `_complete`), so every request decoding across a step has the same gap there: a 100k bench-chat run's
+        21M gaps are ~0.9M step gaps, each repeated by the requests decoding across it. A view's place in its
+        block is found by value: the block's times rise strictly up to the last step run, and a view of that
+        length whose first and last times sit there is that slice (any other stride or place would end at
+        another time). Records that are not such views (a copy, a live run's times) count their own gaps.
+        Only when every gap is positive: the order statistics of such a multiset are the series'."""
+        times = self._times
+        groups: dict[int, list[int]] = {}
+        bases: dict[int, np.ndarray] = {}
+        loose: list[int] = []
+        for k in range(len(times)):
+            view = times[k]
+            base = view.base
+            if type(base) is np.ndarray and base.ndim == 1 and base.dtype == _FLOAT64 and view.dtype == _FLOAT64:
+                group = groups.get(id(base))
+                if group is None:
+                    groups[id(base)] = group = []
+                    bases[id(base)] = base
+                group.append(k)
+            else:
+                loose.append(k)
+        chunks = np.diff(self._ends, prepend=0) + 1  # of each record
+        shared: list[SharedSteps] = []
+        for key, group in groups.items():
+            steps, strays = _shared_steps(bases[key], [times[k] for k in group], chunks[group])
+            if steps is not None:
+                shared.append(steps)
+            loose.extend(group[j] for j in strays)
+        loose.sort()
+        # The records counted gap by gap stay few (they are gone through twice more), and positive.
+        if sum(int(chunks[k]) - 1 for k in loose) * 16 > len(self):
+            return None
+        own = [_own_gaps([times[k] for k in loose[i : i + 64]]) for i in range(0, len(loose), 64)]
+        if not all(bool(np.all(gaps > 0)) for gaps in own):
+            return None
+        return GapMultiset(len(self), shared, own)
 
     def block(self, lo: int, hi: int) -> np.ndarray:
         """Gaps [lo, hi) of the virtual array."""
@@ -94,6 +139,107 @@ class GapSeries:
         """The whole series, in blocks of at most _LEAF gaps laid out as `_pairwise_sum` splits it."""
         for lo, n in _leaves(0, len(self)):
             yield self.block(lo, lo + n)
+
+
+class SharedSteps:
+    """Views of one step-time block: view k covers the block's step gaps starts[k] .. ends[k] - 1 (gap j runs
+    from time j to time j + 1). `starts` and `ends` are sorted each on its own (only the counts matter)."""
+
+    def __init__(self, base: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.base = base
+        self.starts = starts
+        self.ends = ends
+
+    def pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(step gaps, how many views cover each) of the covered gaps, a few thousand steps at a time."""
+        hi = int(self.ends[-1])
+        for lo in range(int(self.starts[0]), hi, _PIECE):
+            top = min(lo + _PIECE, hi)
+            steps = np.arange(lo, top, dtype=self.starts.dtype)
+            # Views started at or before the step minus those ended at or before it.
+            cover = np.searchsorted(self.starts, steps, side="right") - np.searchsorted(self.ends, steps, side="right")
+            used = cover > 0
+            yield np.diff(self.base[lo : top + 1])[used], cover[used]
+
+
+def _shared_steps(
+    base: np.ndarray, views: list[np.ndarray], chunks: np.ndarray
+) -> tuple[SharedSteps | None, list[int]]:
+    """The views of `base` that are slices of its strictly rising start, and the others (their positions)."""
+    rising = len(base)
+    if rising > 1:
+        falls = np.flatnonzero(~(np.diff(base) > 0))  # NaN too; past the last step np.empty's bytes may lie
+        if len(falls):
+            rising = int(falls[0]) + 1  # base[:rising] rises strictly
+    if rising < 2:
+        return None, list(range(len(views)))
+    firsts = np.fromiter((float(v[0]) for v in views), dtype=np.float64, count=len(views))
+    lasts = np.fromiter((float(v[-1]) for v in views), dtype=np.float64, count=len(views))
+    starts = np.searchsorted(base[:rising], firsts)
+    ends = starts + chunks - 1  # where the last time is if the view is the slice that starts there
+    sliced = (ends < rising) & (base[np.minimum(starts, rising - 1)] == firsts)
+    sliced &= base[np.minimum(ends, rising - 1)] == lasts
+    strays = np.flatnonzero(~sliced).tolist()
+    if len(strays) == len(views):
+        return None, strays
+    index = np.int32 if rising < 1 << 31 else np.int64
+    return SharedSteps(base, np.sort(starts[sliced]).astype(index), np.sort(ends[sliced]).astype(index)), strays
+
+
+def _own_gaps(views: list[np.ndarray]) -> np.ndarray:
+    """The gaps of the given records' chunk times, record after record."""
+    flat = np.diff(np.concatenate(views).astype(float, copy=False))
+    counts = np.fromiter(map(len, views), dtype=np.int64, count=len(views))
+    return np.delete(flat, np.cumsum(counts[:-1]) - 1)  # the joins between records are no gaps
+
+
+class GapMultiset:
+    """A series' gaps as (value, count) pieces: the shared step gaps and the records' own gaps (count 1)."""
+
+    def __init__(self, n: int, shared: list[SharedSteps], own: list[np.ndarray]) -> None:
+        self.n = n
+        self.shared = shared
+        self.own = own
+
+    def pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for steps in self.shared:
+            yield from steps.pieces()
+        for gaps in self.own:
+            yield gaps, np.ones(len(gaps), dtype=np.int64)
+
+    def order_stats(self, ranks: list[int]) -> dict[int, float]:
+        """The values at the given ranks (0-based, ascending) of the multiset: a histogram of the values' bins
+        weighted by their counts, then the values and counts of the bins that hold those ranks, sorted."""
+        histogram = _BinCounts()
+        for values, counts in self.pieces():
+            histogram.add(_bins(values), counts)
+        if int(histogram.counts.sum()) != self.n:
+            raise AssertionError(f"the gap multiset counts {int(histogram.counts.sum())} gaps of {self.n}")
+        up_to = np.cumsum(histogram.counts)
+        position_of = {rank: int(np.searchsorted(up_to, rank, side="right")) for rank in ranks}
+        positions = sorted(set(position_of.values()))
+        slot_of_bin = np.full(len(histogram.counts), -1, dtype=np.int32)
+        slot_of_bin[positions] = np.arange(len(positions))
+        found_values: list[list[np.ndarray]] = [[] for _ in positions]
+        found_counts: list[list[np.ndarray]] = [[] for _ in positions]
+        for values, counts in self.pieces():
+            slot = slot_of_bin[_bins(values) - histogram.first]
+            wanted = np.flatnonzero(slot >= 0)
+            values, counts, slot = values[wanted], counts[wanted], slot[wanted]
+            for j in range(len(positions)):
+                here = slot == j
+                found_values[j].append(values[here])
+                found_counts[j].append(counts[here])
+        result = {}
+        for j, p in enumerate(positions):
+            values = np.concatenate(found_values[j])
+            order = np.argsort(values)
+            up_to_here = np.cumsum(np.concatenate(found_counts[j])[order])
+            below = int(up_to[p] - histogram.counts[p])  # values in the bins before this one
+            for rank, q in position_of.items():
+                if q == p:
+                    result[rank] = float(values[order[int(np.searchsorted(up_to_here, rank - below, side="right"))]])
+        return result
 
 
 def _leaves(lo: int, n: int) -> Iterator[tuple[int, int]]:
@@ -138,7 +284,7 @@ class _BinCounts:
         self.first = 0
         self.counts = np.zeros(0, dtype=np.int64)
 
-    def add(self, bins: np.ndarray) -> None:
+    def add(self, bins: np.ndarray, weights: np.ndarray | None = None) -> None:
         if not len(bins):
             return
         lo, hi = int(bins.min()), int(bins.max())
@@ -150,7 +296,10 @@ class _BinCounts:
             grown = np.zeros(max(hi, last) - first + 1, dtype=np.int64)
             grown[self.first - first : self.first - first + len(self.counts)] = self.counts
             self.first, self.counts = first, grown
-        self.counts += np.bincount(bins - self.first, minlength=len(self.counts))
+        if weights is None:
+            self.counts += np.bincount(bins - self.first, minlength=len(self.counts))
+        else:  # float64 sums of integer counts: exact below 2**53
+            self.counts += np.bincount(bins - self.first, weights, len(self.counts)).astype(np.int64)
 
 
 def linear_percentiles(
@@ -182,6 +331,12 @@ def itl_summary(series: GapSeries, qs: Sequence[float]) -> tuple[float, tuple[fl
         return NAN, tuple(NAN for _ in qs)
     if n <= _MATERIALISE:
         return _small_summary(series.block(0, n), qs)
+    multiset = series.distinct_gaps()
+    if multiset is not None:
+        # Every gap is positive (no NaN): the mean along numpy's leaves, the order statistics from the multiset.
+        sums = [float(np.add.reduce(gaps)) for gaps in series.blocks()]
+        mean = float(_pairwise_sum(iter(sums), 0, n) / n)
+        return mean, tuple(linear_percentiles(n, qs, multiset.order_stats))
     counts = _BinCounts()
     has_nan = False
     leaf_sums: list[float] = []
