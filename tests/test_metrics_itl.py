@@ -164,6 +164,17 @@ def _shared_block_records(rng: np.random.Generator, *, loose: bool = True) -> li
     return [records[i] for i in order]
 
 
+def _multiset(records: list[RequestRecord]) -> itl.GapMultiset | None:
+    series = itl.GapSeries(records, np.array([r.ok for r in records], dtype=bool))
+    shared = series.shared_blocks()
+    if shared is None:
+        return None
+    chunk_ends = series.chunk_ends()
+    for _ in series.blocks(chunk_ends):
+        pass
+    return series.multiset(shared, chunk_ends)
+
+
 @pytest.mark.parametrize("piece", [3, 1 << 13])
 @pytest.mark.parametrize("bin_shift", [44, 60])
 @pytest.mark.parametrize("loose", [False, True])
@@ -178,8 +189,7 @@ def test_shared_step_blocks_give_numpys_summary(
     monkeypatch.setattr(itl, "_select", None)  # the multiset's own selection, not the histogram's second pass
     for seed in range(4):
         records = _shared_block_records(np.random.default_rng(seed), loose=loose)
-        series = itl.GapSeries(records, np.array([r.ok for r in records], dtype=bool))
-        multiset = series.distinct_gaps()
+        multiset = _multiset(records)
         assert multiset is not None and sum(len(s.starts) for s in multiset.shared) > 0.9 * len(records), seed
         assert _same(_streamed(records), _numpy_summary(records)), seed
 
@@ -195,11 +205,9 @@ def test_multiset_declined_when_gaps_are_not_all_positive_or_mostly_loose(monkey
         # A view reaching into the block's leftovers is counted gap by gap: a gap that is not positive (a fall,
         # NaN) sends the whole series to the histogram, which gives numpy's answer.
         records.append(rec(250, chunks=block[495:505]))
-        series = itl.GapSeries(records, np.array([r.ok for r in records], dtype=bool))
-        assert series.distinct_gaps() is None
+        assert _multiset(records) is None
         assert _same(_streamed(records), _numpy_summary(records))
-        assert itl.GapSeries(records[:-1], np.ones(250, dtype=bool)).distinct_gaps() is not None
+        assert _multiset(records[:-1]) is not None
     # Mostly records of their own (a live run's): no multiset.
     own = _records(rng, 300, GAP_DRAWS["lognormal"](rng))
-    series = itl.GapSeries(own, np.array([r.ok for r in own], dtype=bool))
-    assert series.distinct_gaps() is None
+    assert itl.GapSeries(own, np.array([r.ok for r in own], dtype=bool)).shared_blocks() is None

@@ -58,60 +58,76 @@ class GapSeries:
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
-    def distinct_gaps(self) -> GapMultiset | None:
-        """The series' gaps as a multiset of step gaps with their counts, when the records' chunk times are
-        mostly views of shared step-time blocks (the simulator's); else None.
+    def shared_blocks(self) -> tuple[list[np.ndarray], list[int]] | None:
+        """The 1-D float64 blocks whose views the records' chunk times are, and each record's block (its index
+        there, -1: not such a view); None when the records that are not hold more than 1/16 of the gaps.
 
         A simulated record's chunk times are a view of its replica's step-time block (core/sim/replica.py
         `_complete`), so every request decoding across a step has the same gap there: a 100k bench-chat run's
-        21M gaps are ~0.9M step gaps, each repeated by the requests decoding across it. A view's place in its
-        block is found by value: the block's times rise strictly up to the last step run, and a view of that
-        length whose first and last times sit there is that slice (any other stride or place would end at
-        another time). Records that are not such views (a copy, a live run's times) count their own gaps.
-        Only when every gap is positive: the order statistics of such a multiset are the series'."""
-        times = self._times
-        groups: dict[int, list[int]] = {}
-        bases: dict[int, np.ndarray] = {}
-        loose: list[int] = []
-        for k in range(len(times)):
-            view = times[k]
+        21M gaps are 0.86M step gaps, each repeated by the requests decoding across it (`multiset`)."""
+        blocks: list[np.ndarray] = []
+        block_of: list[int] = []
+        last_base: object = None
+        last_block = -1
+        for view in self._times:
             base = view.base
-            if type(base) is np.ndarray and base.ndim == 1 and base.dtype == _FLOAT64 and view.dtype == _FLOAT64:
-                group = groups.get(id(base))
-                if group is None:
-                    groups[id(base)] = group = []
-                    bases[id(base)] = base
-                group.append(k)
-            else:
-                loose.append(k)
-        chunks = np.diff(self._ends, prepend=0) + 1  # of each record
-        shared: list[SharedSteps] = []
-        for key, group in groups.items():
-            steps, strays = _shared_steps(bases[key], [times[k] for k in group], chunks[group])
-            if steps is not None:
-                shared.append(steps)
-            loose.extend(group[j] for j in strays)
-        loose.sort()
-        # The records counted gap by gap stay few (they are gone through twice more), and positive.
-        if sum(int(chunks[k]) - 1 for k in loose) * 16 > len(self):
+            if base is not last_base:  # records in completion order: runs of one replica's block
+                last_base = base
+                last_block = _block_index(blocks, base)
+            block_of.append(last_block if view.dtype is _FLOAT64 else -1)
+        loose = np.array(block_of, dtype=np.int32) < 0
+        if int(np.diff(self._ends, prepend=0)[loose].sum()) * 16 > len(self):
             return None
-        own = [_own_gaps([times[k] for k in loose[i : i + 64]]) for i in range(0, len(loose), 64)]
+        return blocks, block_of
+
+    def multiset(
+        self, shared: tuple[list[np.ndarray], list[int]], chunk_ends: tuple[np.ndarray, np.ndarray]
+    ) -> GapMultiset | None:
+        """The series' gaps as step gaps with counts, given `shared_blocks` and each record's first and last
+        chunk times (`blocks(chunk_ends)` fills them); None if the records counted gap by gap would hold more
+        than 1/16 of the gaps, or a gap is not positive (the order statistics of positive values are their
+        values, whatever their order; zeros of both signs or NaN would not be).
+
+        A view's place in its block is found by value: a block's times rise strictly up to the last step run
+        (past it np.empty's bytes may lie), and a view of n chunks whose first and last times sit there, n - 1
+        places apart, is that slice (any other stride or place would end at another time)."""
+        blocks, block_of = shared
+        firsts, lasts = chunk_ends
+        block_ids = np.array(block_of, dtype=np.int32)
+        chunks = np.diff(self._ends, prepend=0) + 1
+        loose = block_ids < 0
+        steps: list[SharedSteps] = []
+        for index, block in enumerate(blocks):
+            members = np.flatnonzero(block_ids == index)
+            found, sliced = _shared_steps(block, firsts[members], lasts[members], chunks[members])
+            if found is not None:
+                steps.append(found)
+            loose[members[~sliced]] = True
+        if int(chunks[loose].sum() - np.count_nonzero(loose)) * 16 > len(self):
+            return None
+        own_records = np.flatnonzero(loose).tolist()
+        own = [_own_gaps([self._times[k] for k in own_records[i : i + 64]]) for i in range(0, len(own_records), 64)]
         if not all(bool(np.all(gaps > 0)) for gaps in own):
             return None
-        return GapMultiset(len(self), shared, own)
+        return GapMultiset(len(self), steps, own)
 
-    def block(self, lo: int, hi: int) -> np.ndarray:
-        """Gaps [lo, hi) of the virtual array."""
+    def block(self, lo: int, hi: int, chunk_ends: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Gaps [lo, hi) of the virtual array. `chunk_ends`: (first, last) chunk time of each record, filled
+        for the records the block reads."""
         ends = self._ends
         first = int(np.searchsorted(ends, lo, side="right"))
         last = int(np.searchsorted(ends, hi, side="left")) + 1  # records first..last-1 hold the range
         times = self._times[first:last]
         counts = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
         flat = np.concatenate(times).astype(float, copy=False)
+        last_chunks = np.cumsum(counts) - 1  # where each record's last chunk sits in `flat`
+        if chunk_ends is not None:
+            chunk_ends[0][first:last] = flat[last_chunks - counts + 1]
+            chunk_ends[1][first:last] = flat[last_chunks]
         gaps = np.diff(flat)
         # Gap j joins chunk j to chunk j + 1; the seams between two records are not gaps.
         keep = np.ones(len(gaps), dtype=bool)
-        keep[np.cumsum(counts[:-1]) - 1] = False
+        keep[last_chunks[:-1]] = False
         gaps = gaps[keep]
         offset = lo - (int(ends[first - 1]) if first else 0)
         return gaps[offset : offset + (hi - lo)]
@@ -135,55 +151,69 @@ class GapSeries:
             yield gaps, seams
             start = stop
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The whole series, in blocks of at most _LEAF gaps laid out as `_pairwise_sum` splits it."""
+    def blocks(self, chunk_ends: tuple[np.ndarray, np.ndarray] | None = None) -> Iterator[np.ndarray]:
+        """The whole series, in blocks of at most _LEAF gaps laid out as `_pairwise_sum` splits it (see `block`
+        for `chunk_ends`)."""
         for lo, n in _leaves(0, len(self)):
-            yield self.block(lo, lo + n)
+            yield self.block(lo, lo + n, chunk_ends)
+
+    def chunk_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        """Room for each record's first and last chunk time (`blocks` fills it)."""
+        return np.empty(len(self._times)), np.empty(len(self._times))
+
+
+def _block_index(blocks: list[np.ndarray], base: object) -> int:
+    """`base`'s index in `blocks` (appended if new), or -1 if it is no 1-D float64 array."""
+    if type(base) is not np.ndarray or base.ndim != 1 or base.dtype is not _FLOAT64:
+        return -1
+    for index, block in enumerate(blocks):
+        if block is base:
+            return index
+    blocks.append(base)
+    return len(blocks) - 1
 
 
 class SharedSteps:
-    """Views of one step-time block: view k covers the block's step gaps starts[k] .. ends[k] - 1 (gap j runs
-    from time j to time j + 1). `starts` and `ends` are sorted each on its own (only the counts matter)."""
+    """Views of one step-time block that rises strictly over its first `rising` times: view k covers the
+    block's step gaps starts[k] .. ends[k] - 1 (gap j runs from time j to time j + 1)."""
 
-    def __init__(self, base: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
-        self.base = base
+    def __init__(self, block: np.ndarray, rising: int, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.block = block
+        self.rising = rising
         self.starts = starts
         self.ends = ends
 
     def pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(step gaps, how many views cover each) of the covered gaps, a few thousand steps at a time."""
-        hi = int(self.ends[-1])
-        for lo in range(int(self.starts[0]), hi, _PIECE):
-            top = min(lo + _PIECE, hi)
-            steps = np.arange(lo, top, dtype=self.starts.dtype)
-            # Views started at or before the step minus those ended at or before it.
-            cover = np.searchsorted(self.starts, steps, side="right") - np.searchsorted(self.ends, steps, side="right")
-            used = cover > 0
-            yield np.diff(self.base[lo : top + 1])[used], cover[used]
+        steps = self.rising - 1
+        # Views that start at or before each step, less those that ended at or before it.
+        cover = np.cumsum(
+            np.bincount(self.starts, minlength=steps + 1)[:steps] - np.bincount(self.ends, minlength=steps + 1)[:steps]
+        )
+        for lo in range(int(self.starts.min()), int(self.ends.max()), _PIECE):
+            top = min(lo + _PIECE, steps)
+            counts = cover[lo:top]
+            used = counts > 0
+            yield np.diff(self.block[lo : top + 1])[used], counts[used]
 
 
 def _shared_steps(
-    base: np.ndarray, views: list[np.ndarray], chunks: np.ndarray
-) -> tuple[SharedSteps | None, list[int]]:
-    """The views of `base` that are slices of its strictly rising start, and the others (their positions)."""
-    rising = len(base)
+    block: np.ndarray, firsts: np.ndarray, lasts: np.ndarray, chunks: np.ndarray
+) -> tuple[SharedSteps | None, np.ndarray]:
+    """The views of `block` (given by their first and last times and lengths) that are slices of its strictly
+    rising start, and which of them are (a mask)."""
+    rising = len(block)
     if rising > 1:
-        falls = np.flatnonzero(~(np.diff(base) > 0))  # NaN too; past the last step np.empty's bytes may lie
+        falls = np.flatnonzero(~(np.diff(block) > 0))  # NaN too
         if len(falls):
-            rising = int(falls[0]) + 1  # base[:rising] rises strictly
-    if rising < 2:
-        return None, list(range(len(views)))
-    firsts = np.fromiter((float(v[0]) for v in views), dtype=np.float64, count=len(views))
-    lasts = np.fromiter((float(v[-1]) for v in views), dtype=np.float64, count=len(views))
-    starts = np.searchsorted(base[:rising], firsts)
+            rising = int(falls[0]) + 1  # block[:rising] rises strictly
+    starts = np.searchsorted(block[:rising], firsts)
     ends = starts + chunks - 1  # where the last time is if the view is the slice that starts there
-    sliced = (ends < rising) & (base[np.minimum(starts, rising - 1)] == firsts)
-    sliced &= base[np.minimum(ends, rising - 1)] == lasts
-    strays = np.flatnonzero(~sliced).tolist()
-    if len(strays) == len(views):
-        return None, strays
-    index = np.int32 if rising < 1 << 31 else np.int64
-    return SharedSteps(base, np.sort(starts[sliced]).astype(index), np.sort(ends[sliced]).astype(index)), strays
+    sliced = (ends < rising) & (block[np.minimum(starts, rising - 1)] == firsts)
+    sliced &= block[np.minimum(ends, rising - 1)] == lasts
+    if rising < 2 or not sliced.any():
+        return None, sliced & False
+    return SharedSteps(block, rising, starts[sliced], ends[sliced]), sliced
 
 
 def _own_gaps(views: list[np.ndarray]) -> np.ndarray:
@@ -331,12 +361,14 @@ def itl_summary(series: GapSeries, qs: Sequence[float]) -> tuple[float, tuple[fl
         return NAN, tuple(NAN for _ in qs)
     if n <= _MATERIALISE:
         return _small_summary(series.block(0, n), qs)
-    multiset = series.distinct_gaps()
-    if multiset is not None:
-        # Every gap is positive (no NaN): the mean along numpy's leaves, the order statistics from the multiset.
-        sums = [float(np.add.reduce(gaps)) for gaps in series.blocks()]
-        mean = float(_pairwise_sum(iter(sums), 0, n) / n)
-        return mean, tuple(linear_percentiles(n, qs, multiset.order_stats))
+    shared = series.shared_blocks()
+    if shared is not None:
+        # The simulator's series: the mean along numpy's leaves, the order statistics from the multiset.
+        chunk_ends = series.chunk_ends()
+        sums = [float(np.add.reduce(gaps)) for gaps in series.blocks(chunk_ends)]
+        multiset = series.multiset(shared, chunk_ends)
+        if multiset is not None:  # every gap positive: no NaN
+            return float(_pairwise_sum(iter(sums), 0, n) / n), tuple(linear_percentiles(n, qs, multiset.order_stats))
     counts = _BinCounts()
     has_nan = False
     leaf_sums: list[float] = []
