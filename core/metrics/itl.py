@@ -27,10 +27,12 @@ from core.records import RequestRecord
 NAN = float("nan")
 _FLOAT64 = np.dtype(np.float64)
 
-# Gaps materialised at once: 256 kB of float64 per block (the summary's peak holds a few such temporaries).
+# Gaps materialised at once: at most 1 MB of float64 per block (a few such temporaries live at once; the run's peak
+# is elsewhere). Each block costs ~0.3 ms besides its gaps (a concatenation of ~100 records' views, ~20 numpy
+# calls): 2^15 made a 100k bench-chat run's mean pass 1024 blocks, 2^17 makes it 256 and takes half the time.
 # At least numpy's pairwise block (128): below it numpy no longer splits (it sums with eight accumulators), so a
 # smaller leaf would not be one of its subtrees.
-_LEAF = 1 << 15
+_LEAF = 1 << 17
 # Histogram bins: the top 20 bits of a value's order-preserving integer key (sign, exponent, 8 mantissa bits),
 # so one bin spans 1/256 of a binade and holds few of the gaps. Only the span of bins the values reach is
 # counted (a few thousand for latencies; 2^20, 8 MB, at the very most).
