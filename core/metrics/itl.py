@@ -28,8 +28,8 @@ NAN = float("nan")
 _FLOAT64 = np.dtype(np.float64)
 
 # Gaps materialised at once: at most 1 MB of float64 per block (a few such temporaries live at once; the run's peak
-# is elsewhere). Each block costs ~0.3 ms besides its gaps (a concatenation of ~100 records' views, ~20 numpy
-# calls): 2^15 made a 100k bench-chat run's mean pass 1024 blocks, 2^17 makes it 256 and takes half the time.
+# is elsewhere). Each block costs ~0.1 ms besides its gaps (a concatenation of ~100 records' views, ~20 numpy
+# calls): 2^15 made a 100k bench-chat run's mean pass 1024 blocks (190-270 ms, pure), 2^17 makes it 256 (120-140 ms).
 # At least numpy's pairwise block (128): below it numpy no longer splits (it sums with eight accumulators), so a
 # smaller leaf would not be one of its subtrees.
 _LEAF = 1 << 17
