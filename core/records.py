@@ -65,6 +65,30 @@ class RequestSpec:
     # Client that sends it (closed loop); None for open-loop arrivals.
     client_id: int | None = None
 
+    def __init__(
+        self,
+        request_id: int,
+        prompt_tokens: int,
+        output_tokens: int,
+        arrival_s: float = 0.0,
+        task: str = "default",
+        slo: RequestSLO | None = None,
+        acceptance: float | None = None,
+        warmup: bool = False,
+        client_id: int | None = None,
+    ) -> None:
+        # The dataclass's own __init__ (a fresh RequestSLO when none is given), written out as RequestRecord's is
+        # below: one spec per request, ~3k instructions each through the generated one when compiled.
+        self.request_id = request_id
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
+        self.arrival_s = arrival_s
+        self.task = task
+        self.slo = RequestSLO() if slo is None else slo
+        self.acceptance = acceptance
+        self.warmup = warmup
+        self.client_id = client_id
+
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
         return reduce_by_fields(self)
 

@@ -194,7 +194,7 @@ def test_busy_seconds_from_engine_samples() -> None:
 
 def test_busy_seconds_from_the_engines_busy_counter_add_nothing_over_an_idle_gap() -> None:
     def at(t: float, running: int, busy: float) -> EngineSample:
-        return EngineSample(time_s=t, running=running, waiting=0, kv_usage=0.0, extra={"busy_s": busy})
+        return EngineSample(time_s=t, running=running, waiting=0, kv_usage=0.0, busy_s=busy)
 
     # Busy 0.4 s of the first 0.5 s interval, then a 30 s idle gap with no sample (the engine had nothing
     # to do), then 0.2 s of work. Holding the running sample through the gap would count 30 s.
@@ -473,5 +473,5 @@ def test_the_simulators_sampled_power_integrates_to_the_modelled_energy() -> Non
     times = [0.0] + [s.time_s for s in samples]
     integrated = sum(s.power_w * (t1 - t0) for s, t0, t1 in zip(samples, times[:-1], times[1:], strict=True))  # type: ignore[operator]
     last = samples[-1]
-    assert integrated == pytest.approx(power.energy_j(last.extra["busy_s"], last.time_s), rel=1e-9)
+    assert integrated == pytest.approx(power.energy_j(last.busy_s, last.time_s), rel=1e-9)
     assert power.idle_w * last.time_s < integrated < power.peak_w * last.time_s

@@ -136,3 +136,78 @@ def test_unordered_blocks_hold_every_gap_once(draw: str, leaf: int, monkeypatch:
         keep[seams] = False
         kept.append(gaps[keep])
     assert np.array_equal(np.concatenate(kept).view(np.int64), _materialised(records).view(np.int64))
+
+
+def _shared_block_records(rng: np.random.Generator, *, loose: bool = True) -> list[RequestRecord]:
+    """Records as the simulator makes them: chunk times that are views of step-time blocks whose end times rise
+    strictly up to the last step run (few distinct step durations), then hold np.empty's leftovers; plus, with
+    `loose`, records the multiset counts gap by gap (a copy, a strided view, a view of another dtype's base)."""
+    records: list[RequestRecord] = []
+    blocks = []
+    for b in range(int(rng.integers(1, 4))):
+        run = int(rng.integers(50, 3000))
+        block = np.empty(run + 400)
+        block[:run] = 100.0 * b + np.cumsum(rng.choice(rng.lognormal(-3.5, 0.3, 9), run))
+        block[run:] = rng.choice([np.nan, -1.0, 1e9]) if b % 2 else block[run - 1] + np.cumsum(rng.random(400))
+        blocks.append((block, run))
+        for _ in range(int(rng.integers(1, 500))):
+            first = int(rng.integers(0, run - 1))
+            last = int(rng.integers(first + 1, min(first + 300, run)))
+            status = Status.ERROR if rng.random() < 0.05 else Status.OK
+            records.append(rec(len(records), chunks=block[first : last + 1], status=status))
+    if loose:
+        block, run = blocks[0]
+        records.append(rec(len(records), chunks=block[: min(run, 40)].copy()))
+        records.append(rec(len(records), chunks=block[0:run:3]))
+        records.append(rec(len(records), chunks=np.cumsum(rng.lognormal(-3.5, 0.3, 30)).astype(np.float32)))
+    order = rng.permutation(len(records))
+    return [records[i] for i in order]
+
+
+def _multiset(records: list[RequestRecord]) -> itl.GapMultiset | None:
+    series = itl.GapSeries(records, np.array([r.ok for r in records], dtype=bool))
+    shared = series.shared_blocks()
+    if shared is None:
+        return None
+    chunk_ends = series.chunk_ends()
+    for _ in series.blocks(chunk_ends):
+        pass
+    return series.multiset(shared, chunk_ends)
+
+
+@pytest.mark.parametrize("piece", [3, 1 << 13])
+@pytest.mark.parametrize("bin_shift", [44, 60])
+@pytest.mark.parametrize("loose", [False, True])
+def test_shared_step_blocks_give_numpys_summary(
+    piece: int, bin_shift: int, loose: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator's case, counted as a multiset of step gaps: the same mean and percentiles as numpy's over
+    the materialised array, and the multiset is what was used."""
+    monkeypatch.setattr(itl, "_MATERIALISE", 0)
+    monkeypatch.setattr(itl, "_PIECE", piece)
+    monkeypatch.setattr(itl, "_BIN_SHIFT", bin_shift)
+    monkeypatch.setattr(itl, "_select", None)  # the multiset's own selection, not the histogram's second pass
+    for seed in range(4):
+        records = _shared_block_records(np.random.default_rng(seed), loose=loose)
+        multiset = _multiset(records)
+        assert multiset is not None and sum(len(s.starts) for s in multiset.shared) > 0.9 * len(records), seed
+        assert _same(_streamed(records), _numpy_summary(records)), seed
+
+
+def test_multiset_declined_when_gaps_are_not_all_positive_or_mostly_loose(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(itl, "_MATERIALISE", 0)
+    rng = np.random.default_rng(11)
+    block = np.empty(600)
+    block[:500] = np.cumsum(rng.choice(rng.lognormal(-3.5, 0.3, 9), 500))
+    for leftover in (np.nan, -1.0):
+        block[500:] = leftover
+        records = [rec(i, chunks=block[i : i + 200]) for i in range(250)]
+        # A view reaching into the block's leftovers is counted gap by gap: a gap that is not positive (a fall,
+        # NaN) sends the whole series to the histogram, which gives numpy's answer.
+        records.append(rec(250, chunks=block[495:505]))
+        assert _multiset(records) is None
+        assert _same(_streamed(records), _numpy_summary(records))
+        assert _multiset(records[:-1]) is not None
+    # Mostly records of their own (a live run's): no multiset.
+    own = _records(rng, 300, GAP_DRAWS["lognormal"](rng))
+    assert itl.GapSeries(own, np.array([r.ok for r in own], dtype=bool)).shared_blocks() is None

@@ -117,6 +117,7 @@ def test_engine_sample_carries_counters_and_acceptance() -> None:
     assert sample.generated_tokens_total == int(metrics.generation_tokens_total or 0)
     assert sample.spec_draft_tokens_total == int(metrics.spec_draft_tokens_total or 0)
     assert sample.spec_accepted_tokens_total == int(metrics.spec_accepted_tokens_total or 0)
+    assert sample.extra is not None
     assert sample.extra["spec_mean_acceptance_length"] == pytest.approx(metrics.spec_mean_acceptance_length)
 
 

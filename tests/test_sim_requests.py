@@ -84,7 +84,7 @@ def test_engine_samples_are_the_keyword_form() -> None:
             preemptions_total=engine.preemptions,
             generated_tokens_total=int(engine.generated_tokens),
             power_w=None if calibration.power is None else calibration.power.power_w(utilisation),
-            extra={"busy_s": busy_s},
+            busy_s=busy_s,
         )
         assert sample == expected
         taken += 1

@@ -4,7 +4,7 @@ P = idle_w + (peak_w - idle_w) * u, where u is the engine's utilisation: the sha
 running batches (its busy time). Integrated over a window (PowerModel.energy_j),
     E = idle_w * window_s + (peak_w - idle_w) * busy_s,
 with busy_s the engine's own busy seconds inside the window: the simulator's samples carry its
-cumulative busy time (`extra["busy_s"]`), so an idle gap between two samples adds nothing, and a half-busy
+cumulative busy time (`EngineSample.busy_s`), so an idle gap between two samples adds nothing, and a half-busy
 interval draws half the dynamic power (not peak whenever anything runs).
 This is a model, stated as such: it knows nothing of clocks, memory power or thermal state.
 """
@@ -54,13 +54,10 @@ def modelled_energy(
     )
 
 
-BUSY_COUNTER = "busy_s"  # EngineSample.extra key: the engine's cumulative busy seconds at the sample
-
-
 def busy_seconds(samples: Sequence[EngineSample], end_s: float | None = None, *, start_s: float | None = None) -> float:
     """Seconds the engine had work running inside [start_s, end_s] (either open), from its samples.
 
-    Samples in time order. When they carry the engine's cumulative busy time (`BUSY_COUNTER`), the busy
+    Samples in time order. When they carry the engine's cumulative busy time (`busy_s`), the busy
     seconds are its increase over the window; inside one sample interval the busy time is taken to come
     first (the engine works off what it has, then idles until new work arrives), and after the last sample
     nothing runs. Samples without it (older recordings) fall back to
@@ -68,7 +65,7 @@ def busy_seconds(samples: Sequence[EngineSample], end_s: float | None = None, *,
     """
     if not samples:
         return 0.0
-    if all(BUSY_COUNTER in sample.extra for sample in samples):
+    if all(sample.busy_s is not None for sample in samples):
         return _counter_at(samples, end_s) - (0.0 if start_s is None else _counter_at(samples, start_s))
     lower = -math.inf if start_s is None else start_s
     upper = math.inf if end_s is None else end_s
@@ -80,20 +77,24 @@ def busy_seconds(samples: Sequence[EngineSample], end_s: float | None = None, *,
     return busy
 
 
+def _busy(sample: EngineSample) -> float:
+    return float(sample.busy_s) if sample.busy_s is not None else 0.0
+
+
 def _counter_at(samples: Sequence[EngineSample], time_s: float | None) -> float:
     """The cumulative busy seconds at `time_s` (None: the end), linear between samples."""
     first, last = samples[0], samples[-1]
     if time_s is None or time_s >= float(last.time_s):
-        return float(last.extra[BUSY_COUNTER])
+        return float(_busy(last))
     if time_s <= float(first.time_s):
         # Before the first sample: busy time accrued up to it is spread over [0, its time].
         t0 = float(first.time_s)
-        return float(first.extra[BUSY_COUNTER]) * (max(time_s, 0.0) / t0 if t0 > 0 else 0.0)
+        return _busy(first) * (max(time_s, 0.0) / t0 if t0 > 0 else 0.0)
     times = [float(sample.time_s) for sample in samples]
     index = bisect.bisect_right(times, time_s)
     before, after = samples[index - 1], samples[index]
     t_before = times[index - 1]
-    b0, b1 = float(before.extra[BUSY_COUNTER]), float(after.extra[BUSY_COUNTER])
+    b0, b1 = _busy(before), _busy(after)
     # Busy first: by time_s the engine has worked min(all of the interval's busy time, time elapsed).
     return b0 + min(b1 - b0, time_s - t_before)
 

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from core.energy import EnergyReading, ModelledEnergy
-from core.energy.modelled import BUSY_COUNTER
 from core.factsheet.build import FactsheetInputs, build_factsheet
 from core.factsheet.model import Factsheet
 from core.factsheet.render import write_factsheet
@@ -27,10 +26,10 @@ def modelled_run_energy(result: RunResult) -> EnergyReading | None:
     meter.start()
     samples = list(result.outcome.samples)
     busy_total = result.outcome.notes.get("busy_s")
-    if samples and BUSY_COUNTER in samples[-1].extra and isinstance(busy_total, float | int):
+    if samples and samples[-1].busy_s is not None and isinstance(busy_total, float | int):
         # The engine works on after its last sample until the run ends: close the series with its total.
         end_s = max(float(result.outcome.duration_s), float(samples[-1].time_s))
-        samples.append(replace(samples[-1], time_s=end_s, running=0, extra={BUSY_COUNTER: float(busy_total)}))
+        samples.append(replace(samples[-1], time_s=end_s, running=0, busy_s=float(busy_total)))
     meter.record_samples(samples, window_s=result.summary.window_s, start_s=min(r.arrival_s for r in measured))
     return meter.stop()
 

@@ -25,11 +25,14 @@ import numpy as np
 from core.records import RequestRecord
 
 NAN = float("nan")
+_FLOAT64 = np.dtype(np.float64)
 
-# Gaps materialised at once: 256 kB of float64 per block (the summary's peak holds a few such temporaries).
+# Gaps materialised at once: at most 1 MB of float64 per block (a few such temporaries live at once; the run's peak
+# is elsewhere). Each block costs ~0.1 ms besides its gaps (a concatenation of ~100 records' views, ~20 numpy
+# calls): 2^15 made a 100k bench-chat run's mean pass 1024 blocks (190-270 ms, pure), 2^17 makes it 256 (120-140 ms).
 # At least numpy's pairwise block (128): below it numpy no longer splits (it sums with eight accumulators), so a
 # smaller leaf would not be one of its subtrees.
-_LEAF = 1 << 15
+_LEAF = 1 << 17
 # Histogram bins: the top 20 bits of a value's order-preserving integer key (sign, exponent, 8 mantissa bits),
 # so one bin spans 1/256 of a binade and holds few of the gaps. Only the span of bins the values reach is
 # counted (a few thousand for latencies; 2^20, 8 MB, at the very most).
@@ -38,6 +41,8 @@ _BIN_SHIFT = 44
 # order statistics without the histogram's two passes, which cost more than they save on a short run (a tune
 # segment's 1,600 requests).
 _MATERIALISE = 1 << 20
+# Step gaps priced at once when a multiset's pieces are made (64 kB per temporary).
+_PIECE = 1 << 13
 
 
 class GapSeries:
@@ -55,18 +60,76 @@ class GapSeries:
     def __len__(self) -> int:
         return int(self._ends[-1]) if len(self._ends) else 0
 
-    def block(self, lo: int, hi: int) -> np.ndarray:
-        """Gaps [lo, hi) of the virtual array."""
+    def shared_blocks(self) -> tuple[list[np.ndarray], list[int]] | None:
+        """The 1-D float64 blocks whose views the records' chunk times are, and each record's block (its index
+        there, -1: not such a view); None when the records that are not hold more than 1/16 of the gaps.
+
+        A simulated record's chunk times are a view of its replica's step-time block (core/sim/replica.py
+        `_complete`), so every request decoding across a step has the same gap there: a 100k bench-chat run's
+        21M gaps are 0.86M step gaps, each repeated by the requests decoding across it (`multiset`)."""
+        blocks: list[np.ndarray] = []
+        block_of: list[int] = []
+        last_base: object = None
+        last_block = -1
+        for view in self._times:
+            base = view.base
+            if base is not last_base:  # records in completion order: runs of one replica's block
+                last_base = base
+                last_block = _block_index(blocks, base)
+            block_of.append(last_block if view.dtype is _FLOAT64 else -1)
+        loose = np.array(block_of, dtype=np.int32) < 0
+        if int(np.diff(self._ends, prepend=0)[loose].sum()) * 16 > len(self):
+            return None
+        return blocks, block_of
+
+    def multiset(
+        self, shared: tuple[list[np.ndarray], list[int]], chunk_ends: tuple[np.ndarray, np.ndarray]
+    ) -> GapMultiset | None:
+        """The series' gaps as step gaps with counts, given `shared_blocks` and each record's first and last
+        chunk times (`blocks(chunk_ends)` fills them); None if the records counted gap by gap would hold more
+        than 1/16 of the gaps, or a gap is not positive (the order statistics of positive values are their
+        values, whatever their order; zeros of both signs or NaN would not be).
+
+        A view's place in its block is found by value: a block's times rise strictly up to the last step run
+        (past it np.empty's bytes may lie), and a view of n chunks whose first and last times sit there, n - 1
+        places apart, is that slice (any other stride or place would end at another time)."""
+        blocks, block_of = shared
+        firsts, lasts = chunk_ends
+        block_ids = np.array(block_of, dtype=np.int32)
+        chunks = np.diff(self._ends, prepend=0) + 1
+        loose = block_ids < 0
+        steps: list[SharedSteps] = []
+        for index, block in enumerate(blocks):
+            members = np.flatnonzero(block_ids == index)
+            found, sliced = _shared_steps(block, firsts[members], lasts[members], chunks[members])
+            if found is not None:
+                steps.append(found)
+            loose[members[~sliced]] = True
+        if int(chunks[loose].sum() - np.count_nonzero(loose)) * 16 > len(self):
+            return None
+        own_records = np.flatnonzero(loose).tolist()
+        own = [_own_gaps([self._times[k] for k in own_records[i : i + 64]]) for i in range(0, len(own_records), 64)]
+        if not all(bool(np.all(gaps > 0)) for gaps in own):
+            return None
+        return GapMultiset(len(self), steps, own)
+
+    def block(self, lo: int, hi: int, chunk_ends: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+        """Gaps [lo, hi) of the virtual array. `chunk_ends`: (first, last) chunk time of each record, filled
+        for the records the block reads."""
         ends = self._ends
         first = int(np.searchsorted(ends, lo, side="right"))
         last = int(np.searchsorted(ends, hi, side="left")) + 1  # records first..last-1 hold the range
         times = self._times[first:last]
         counts = np.fromiter(map(len, times), dtype=np.int64, count=len(times))
         flat = np.concatenate(times).astype(float, copy=False)
+        last_chunks = np.cumsum(counts) - 1  # where each record's last chunk sits in `flat`
+        if chunk_ends is not None:
+            chunk_ends[0][first:last] = flat[last_chunks - counts + 1]
+            chunk_ends[1][first:last] = flat[last_chunks]
         gaps = np.diff(flat)
         # Gap j joins chunk j to chunk j + 1; the seams between two records are not gaps.
         keep = np.ones(len(gaps), dtype=bool)
-        keep[np.cumsum(counts[:-1]) - 1] = False
+        keep[last_chunks[:-1]] = False
         gaps = gaps[keep]
         offset = lo - (int(ends[first - 1]) if first else 0)
         return gaps[offset : offset + (hi - lo)]
@@ -90,10 +153,125 @@ class GapSeries:
             yield gaps, seams
             start = stop
 
-    def blocks(self) -> Iterator[np.ndarray]:
-        """The whole series, in blocks of at most _LEAF gaps laid out as `_pairwise_sum` splits it."""
+    def blocks(self, chunk_ends: tuple[np.ndarray, np.ndarray] | None = None) -> Iterator[np.ndarray]:
+        """The whole series, in blocks of at most _LEAF gaps laid out as `_pairwise_sum` splits it (see `block`
+        for `chunk_ends`)."""
         for lo, n in _leaves(0, len(self)):
-            yield self.block(lo, lo + n)
+            yield self.block(lo, lo + n, chunk_ends)
+
+    def chunk_ends(self) -> tuple[np.ndarray, np.ndarray]:
+        """Room for each record's first and last chunk time (`blocks` fills it)."""
+        return np.empty(len(self._times)), np.empty(len(self._times))
+
+
+def _block_index(blocks: list[np.ndarray], base: object) -> int:
+    """`base`'s index in `blocks` (appended if new), or -1 if it is no 1-D float64 array."""
+    if type(base) is not np.ndarray or base.ndim != 1 or base.dtype is not _FLOAT64:
+        return -1
+    for index, block in enumerate(blocks):
+        if block is base:
+            return index
+    blocks.append(base)
+    return len(blocks) - 1
+
+
+class SharedSteps:
+    """Views of one step-time block that rises strictly over its first `rising` times: view k covers the
+    block's step gaps starts[k] .. ends[k] - 1 (gap j runs from time j to time j + 1)."""
+
+    def __init__(self, block: np.ndarray, rising: int, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.block = block
+        self.rising = rising
+        self.starts = starts
+        self.ends = ends
+
+    def pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(step gaps, how many views cover each) of the covered gaps, a few thousand steps at a time."""
+        steps = self.rising - 1
+        # Views that start at or before each step, less those that ended at or before it.
+        cover = np.cumsum(
+            np.bincount(self.starts, minlength=steps + 1)[:steps] - np.bincount(self.ends, minlength=steps + 1)[:steps]
+        )
+        for lo in range(int(self.starts.min()), int(self.ends.max()), _PIECE):
+            top = min(lo + _PIECE, steps)
+            counts = cover[lo:top]
+            used = counts > 0
+            yield np.diff(self.block[lo : top + 1])[used], counts[used]
+
+
+def _shared_steps(
+    block: np.ndarray, firsts: np.ndarray, lasts: np.ndarray, chunks: np.ndarray
+) -> tuple[SharedSteps | None, np.ndarray]:
+    """The views of `block` (given by their first and last times and lengths) that are slices of its strictly
+    rising start, and which of them are (a mask)."""
+    rising = len(block)
+    if rising > 1:
+        falls = np.flatnonzero(~(np.diff(block) > 0))  # NaN too
+        if len(falls):
+            rising = int(falls[0]) + 1  # block[:rising] rises strictly
+    starts = np.searchsorted(block[:rising], firsts)
+    ends = starts + chunks - 1  # where the last time is if the view is the slice that starts there
+    sliced = (ends < rising) & (block[np.minimum(starts, rising - 1)] == firsts)
+    sliced &= block[np.minimum(ends, rising - 1)] == lasts
+    if rising < 2 or not sliced.any():
+        return None, sliced & False
+    return SharedSteps(block, rising, starts[sliced], ends[sliced]), sliced
+
+
+def _own_gaps(views: list[np.ndarray]) -> np.ndarray:
+    """The gaps of the given records' chunk times, record after record."""
+    flat = np.diff(np.concatenate(views).astype(float, copy=False))
+    counts = np.fromiter(map(len, views), dtype=np.int64, count=len(views))
+    return np.delete(flat, np.cumsum(counts[:-1]) - 1)  # the joins between records are no gaps
+
+
+class GapMultiset:
+    """A series' gaps as (value, count) pieces: the shared step gaps and the records' own gaps (count 1)."""
+
+    def __init__(self, n: int, shared: list[SharedSteps], own: list[np.ndarray]) -> None:
+        self.n = n
+        self.shared = shared
+        self.own = own
+
+    def pieces(self) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for steps in self.shared:
+            yield from steps.pieces()
+        for gaps in self.own:
+            yield gaps, np.ones(len(gaps), dtype=np.int64)
+
+    def order_stats(self, ranks: list[int]) -> dict[int, float]:
+        """The values at the given ranks (0-based, ascending) of the multiset: a histogram of the values' bins
+        weighted by their counts, then the values and counts of the bins that hold those ranks, sorted."""
+        histogram = _BinCounts()
+        for values, counts in self.pieces():
+            histogram.add(_bins(values), counts)
+        if int(histogram.counts.sum()) != self.n:
+            raise AssertionError(f"the gap multiset counts {int(histogram.counts.sum())} gaps of {self.n}")
+        up_to = np.cumsum(histogram.counts)
+        position_of = {rank: int(np.searchsorted(up_to, rank, side="right")) for rank in ranks}
+        positions = sorted(set(position_of.values()))
+        slot_of_bin = np.full(len(histogram.counts), -1, dtype=np.int32)
+        slot_of_bin[positions] = np.arange(len(positions))
+        found_values: list[list[np.ndarray]] = [[] for _ in positions]
+        found_counts: list[list[np.ndarray]] = [[] for _ in positions]
+        for values, counts in self.pieces():
+            slot = slot_of_bin[_bins(values) - histogram.first]
+            wanted = np.flatnonzero(slot >= 0)
+            values, counts, slot = values[wanted], counts[wanted], slot[wanted]
+            for j in range(len(positions)):
+                here = slot == j
+                found_values[j].append(values[here])
+                found_counts[j].append(counts[here])
+        result = {}
+        for j, p in enumerate(positions):
+            values = np.concatenate(found_values[j])
+            order = np.argsort(values)
+            up_to_here = np.cumsum(np.concatenate(found_counts[j])[order])
+            below = int(up_to[p] - histogram.counts[p])  # values in the bins before this one
+            for rank, q in position_of.items():
+                if q == p:
+                    result[rank] = float(values[order[int(np.searchsorted(up_to_here, rank - below, side="right"))]])
+        return result
 
 
 def _leaves(lo: int, n: int) -> Iterator[tuple[int, int]]:
@@ -138,7 +316,7 @@ class _BinCounts:
         self.first = 0
         self.counts = np.zeros(0, dtype=np.int64)
 
-    def add(self, bins: np.ndarray) -> None:
+    def add(self, bins: np.ndarray, weights: np.ndarray | None = None) -> None:
         if not len(bins):
             return
         lo, hi = int(bins.min()), int(bins.max())
@@ -150,7 +328,10 @@ class _BinCounts:
             grown = np.zeros(max(hi, last) - first + 1, dtype=np.int64)
             grown[self.first - first : self.first - first + len(self.counts)] = self.counts
             self.first, self.counts = first, grown
-        self.counts += np.bincount(bins - self.first, minlength=len(self.counts))
+        if weights is None:
+            self.counts += np.bincount(bins - self.first, minlength=len(self.counts))
+        else:  # float64 sums of integer counts: exact below 2**53
+            self.counts += np.bincount(bins - self.first, weights, len(self.counts)).astype(np.int64)
 
 
 def linear_percentiles(
@@ -182,6 +363,14 @@ def itl_summary(series: GapSeries, qs: Sequence[float]) -> tuple[float, tuple[fl
         return NAN, tuple(NAN for _ in qs)
     if n <= _MATERIALISE:
         return _small_summary(series.block(0, n), qs)
+    shared = series.shared_blocks()
+    if shared is not None:
+        # The simulator's series: the mean along numpy's leaves, the order statistics from the multiset.
+        chunk_ends = series.chunk_ends()
+        sums = [float(np.add.reduce(gaps)) for gaps in series.blocks(chunk_ends)]
+        multiset = series.multiset(shared, chunk_ends)
+        if multiset is not None:  # every gap positive: no NaN
+            return float(_pairwise_sum(iter(sums), 0, n) / n), tuple(linear_percentiles(n, qs, multiset.order_stats))
     counts = _BinCounts()
     has_nan = False
     leaf_sums: list[float] = []

@@ -304,7 +304,7 @@ class SimEngine:
         self.on_sample(self.sample())
 
     def sample(self) -> EngineSample:
-        """A snapshot. `extra["busy_s"]` is the cumulative busy time (modelled energy integrates it, so an
+        """A snapshot. `busy_s` is the cumulative busy time (modelled energy integrates it, so an
         idle gap between samples adds nothing); power is the calibration's power model (PowerModel.power_w) at
         the busy share of the replicas' time since the previous sample."""
         power = self.calibration.power
@@ -326,7 +326,7 @@ class SimEngine:
         span_s = (clock - last_time_s) * len(replicas)
         utilisation = min(1.0, (busy_s - last_busy_s) / span_s) if span_s > 0 else (1.0 if running else 0.0)
         # Positionally, in EngineSample's field order (time_s, running, waiting, kv_usage, preemptions_total,
-        # generated_tokens_total, spec_draft_tokens_total, spec_accepted_tokens_total, power_w, extra): half the
+        # generated_tokens_total, spec_draft_tokens_total, spec_accepted_tokens_total, power_w, busy_s): half the
         # cost of the keywords, 47k samples in a 100k bench-chat run (tests/test_sim_requests.py holds it).
         return EngineSample(
             clock,
@@ -338,7 +338,7 @@ class SimEngine:
             None,
             None,
             None if power is None else power.power_w(utilisation),
-            {"busy_s": float(busy_s)},
+            float(busy_s),
         )
 
     def _next_replica(self) -> ReplicaBase[Any] | None:
