@@ -34,6 +34,7 @@ COMPILED_MODULES = (
     "core.control.slos_serve.batching",
     "core.control.slos_serve.budget",
     "core.control.slos_serve.policy",
+    "core.control.slos_serve.step_requests",
     "core.control.slos_serve.stepping",
     "core.control.slos_serve.virtual",
     "core.control.adaserve.policy",

@@ -37,6 +37,7 @@ from core.control.slos_serve.batching import (
     urgent_prefill_tokens,
 )
 from core.control.slos_serve.budget import BudgetModel
+from core.control.slos_serve.step_requests import fill_in_order, is_best_effort, queued_last, request_key
 from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
 from core.step_planner_api import BatchPlan, StepRequest, draw_accepted
@@ -48,59 +49,6 @@ PACE_MARGIN = 0.9
 # The steps of a stretch of plain decode steps that one budget test covers (plain_decode_check): bench-chat's
 # stretches run 5-6 steps between arrivals and engine samples, and a longer range makes the test looser.
 DECODE_WINDOW = 32
-
-
-def _queued(pair: tuple[Any, int]) -> bool:
-    """Sort key of BatchPlan.prefill entries: already-prefilling requests (admitted) before queued ones."""
-    return bool(pair[0].admitted_order < 0)
-
-
-def _request_key(item: StepRequest) -> Any:
-    """`_request_id`'s id as the object it is kept as (a dict key): typed int, compiled code unboxes it and boxes
-    it again for each lookup, a new int object above 256 (`sync` looks up every running request a decision)."""
-    known: tuple[Any, ...] | None = item.planned
-    if known is None:
-        return item.req.spec.request_id
-    return known[3]
-
-
-def _request_id(item: StepRequest) -> int:
-    """item.req.spec.request_id, from what `_deadlines` keeps on the request where it has run (the same id, read
-    without two generic attribute lookups on the simulator's request)."""
-    known: tuple[Any, ...] | None = item.planned
-    if known is None:
-        rid: int = item.req.spec.request_id
-        return rid
-    rid = known[3]
-    return rid
-
-
-def _is_best_effort(item: StepRequest) -> bool:
-    """Whether a request is of the best-effort tier."""
-    known: tuple[Any, ...] | None = item.planned  # `_deadlines` keeps the same answer (the tier is fixed)
-    if known is not None:
-        return bool(known[2])
-    return bool(item.req.tier == TIER_BEST_EFFORT)
-
-
-def _fill_in_order(
-    entries: list[tuple[StepRequest, int]],
-    admitted: int,
-    tokens: int,
-    prefilling: list[tuple[Any, int]],
-    admitting: list[tuple[Any, int]],
-) -> int:
-    """form_batch's prefill fill for `plain_prefill_check`: up to `tokens` prompt tokens, in the entries' order, to
-    those (request, its place in the queue or -1) prefilling or among the `admitted` first queued; each chunk goes
-    to `prefilling` or `admitting` by which it is. Returns the tokens left."""
-    for item, i in entries:
-        if tokens <= 0:
-            break
-        if i < admitted:
-            chunk = min(item.prompt_left, tokens)
-            tokens -= chunk
-            (prefilling if i < 0 else admitting).append((item, chunk))
-    return tokens
 
 
 class SlosServeStepPlanner:
@@ -219,7 +167,7 @@ class SlosServeStepPlanner:
             plan.decode = [(by_id[rid], verified) for rid, verified in batch.decode.items()]
         # Already-prefilling requests first, then admissions in deadline order (the replica admits in order).
         admitted = [(by_id[rid], chunk) for rid, chunk in batch.prefill.items()]
-        admitted.sort(key=_queued)
+        admitted.sort(key=queued_last)
         plan.prefill = admitted
         return plan
 
@@ -290,19 +238,19 @@ class SlosServeStepPlanner:
         self.replica = replica  # as `plan` keeps it (for `sync`): a stretch may admit before any plan is asked
         if self._speculates():
             return None
-        # (_is_best_effort and self._deadlines called directly: native calls, not a bound method called through the
+        # (is_best_effort and self._deadlines called directly: native calls, not a bound method called through the
         # interpreter's API per request)
         facts = self._decode_facts(replica)  # asked once: _decode_tiers below reads the same answer
         best_effort_decodes = facts[1]
         prefilling: list[StepRequest] = replica.prefilling  # typed: the loops below read its fields natively
-        prefilling_best_effort = [item for item in prefilling if _is_best_effort(item)]
+        prefilling_best_effort = [item for item in prefilling if is_best_effort(item)]
         preemptable = bool(best_effort_decodes or prefilling_best_effort)  # `_admissions`' victims
         # _admissions' order, sorted(waiting, key=best effort): a stable sort on False/True is the SLO requests in
         # their order, then the best-effort ones in theirs.
         queued: list[StepRequest] = []
         queued_rest: list[StepRequest] = []
         for item in replica.waiting:
-            (queued_rest if _is_best_effort(item) else queued).append(item)
+            (queued_rest if is_best_effort(item) else queued).append(item)
         queued_best_effort = [False] * len(queued)
         if queued_rest:
             queued += queued_rest
@@ -314,7 +262,7 @@ class SlosServeStepPlanner:
         # Every SLO prefill task `plan` may see, in form_batch's order (a stable sort by deadline of the
         # prefilling requests, then the admitted queue): (task, the request, its place in the queue or -1).
         if prefilling_best_effort:
-            entries = [(item, -1) for item in prefilling if not _is_best_effort(item)]
+            entries = [(item, -1) for item in prefilling if not is_best_effort(item)]
         else:
             entries = [(item, -1) for item in prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
@@ -358,14 +306,14 @@ class SlosServeStepPlanner:
             if tokens is None:
                 return None
             rest = budget - slo_decodes - tokens  # what the SLO requests leave the best-effort tier
-            # form_batch's fill in deadline order; `plan` lists the prefilling requests first (_queued).
+            # form_batch's fill in deadline order; `plan` lists the prefilling requests first (queued_last).
             prefilling: list[tuple[Any, int]] = []
             admitting: list[tuple[Any, int]] = []
-            _fill_in_order(entries, admitted, tokens, prefilling, admitting)  # (request, place), the tasks' order
+            fill_in_order(entries, admitted, tokens, prefilling, admitting)  # (request, place), the tasks' order
             if rest > 0 and leftovers:  # then the best-effort prefills, each list after its SLO part
                 prefilling_rest: list[tuple[Any, int]] = []
                 admitting_rest: list[tuple[Any, int]] = []
-                rest = _fill_in_order(leftovers, admitted, rest, prefilling_rest, admitting_rest)
+                rest = fill_in_order(leftovers, admitted, rest, prefilling_rest, admitting_rest)
                 prefilling += prefilling_rest
                 admitting += admitting_rest
             if rest < best_effort_decodes:
@@ -526,7 +474,7 @@ class SlosServeStepPlanner:
 
     @staticmethod
     def _best_effort(item: StepRequest) -> bool:
-        return _is_best_effort(item)
+        return is_best_effort(item)
 
     def accepted(self, request: Any, verified: int, rng: np.random.Generator) -> int:
         if verified == 1:  # no draft to verify: draw_accepted's answer, without a call (every plain decode)
@@ -541,18 +489,18 @@ class SlosServeStepPlanner:
         # The engine's real progress, written into the virtual replica's records in place (the one writer: a call
         # per running request per decision, ~18 a decision, cost 0.6% of a run); tests/test_slos_serve_lazy_timelines.py
         # holds the virtual records after each sync to the reference's.
-        tracked: dict[Any, Tracked] = virtual.requests  # keyed by `_request_key`'s objects (no unboxing)
+        tracked: dict[Any, Tracked] = virtual.requests  # keyed by `request_key`'s objects (no unboxing)
         # The replica's queues hold StepRequests (typed here, the loops read their fields natively when compiled).
         prefilling: list[StepRequest] = replica.prefilling
         for item in prefilling:
-            record = tracked.get(_request_key(item))
+            record = tracked.get(request_key(item))
             if record is not None:
                 record.prefill_left = float(item.prompt_left)  # float fields: the ints' values, as stored before
                 record.decode_left = float(max(0, item.out_left - 1))
         logged = len(replica.stretch_log)  # the stretch steps each decoding request is owed from its owed_from on
         decoding: list[StepRequest] = replica.decoding
         for item in decoding:
-            record = tracked.get(_request_key(item))
+            record = tracked.get(request_key(item))
             if record is not None:
                 record.prefill_left = 0.0  # a float field (mypyc stores no int into it)
                 record.decode_left = float(item.out_left + item.owed_from - logged)
