@@ -194,6 +194,7 @@ def compute_outcomes(
     last_slo: object = None
     last_slo_row = -1
     completed = 0
+    ok_code = OK_CODE  # a local: a module global is a dict lookup per read in compiled code
     for i, rec in enumerate(records):
         times_flat.append(rec.arrival_s)
         end_s = rec.end_s
@@ -223,7 +224,7 @@ def compute_outcomes(
                 slo_rows.append(fallback if all(math.isnan(v) for v in own) else own)
             last_slo_row = row
         slo_row_of.append(last_slo_row)
-        is_ok = last_status_code == OK_CODE
+        is_ok = last_status_code == ok_code
         if is_ok:
             completed += 1
         times = rec.chunk_times

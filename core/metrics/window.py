@@ -166,7 +166,11 @@ class WindowedAggregator:
             out.benefit,
             out.output_tokens,
         )
-        self._rows = np.concatenate((self._rows, np.column_stack(columns).astype(float, copy=False)))
+        # The batch's rows: the columns (float64, bool, int64) cast to float64 in one concatenation and written
+        # in as the rows' columns, the table np.column_stack(columns) gives, without its per-column calls.
+        block = np.empty((len(key), _COLUMNS))
+        block.T[:] = np.concatenate(columns).reshape(_COLUMNS, len(key))
+        self._rows = np.concatenate((self._rows, block))
         self._newest_key = max(self._newest_key, float(key.max()))
         self._first_arrival_s = min(self._first_arrival_s, float(out.arrival_s.min()))
         completed = int(out.ok.sum())
