@@ -234,3 +234,19 @@ def test_a_traces_verdict_judges_each_request_against_its_own_slo() -> None:
     assert "2.0% missed (p99 allows 1%)" in verdict.headline()
     summary["per_task"]["code"]["slo_attainment"] = 0.995
     assert slo_verdict(summary, profile).state == "met"
+
+
+def test_progress_and_engine_fields_are_cleaned_as_make_event_cleans_them() -> None:
+    # _RunObserver builds its progress and engine events itself (compiled) instead of through make_event: each
+    # field must come out as make_event's _clean gives it, numpy scalars and non-finite floats included.
+    import numpy as np
+
+    from core.events import make_event
+    from core.jobs.run import _cleaned
+
+    values = [0.1234567891, -2.5e-7, 1e300, float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 3, True, None, "x"]
+    values += [np.float64(0.30000000000000004), np.int64(7), np.float32(1.5), [1.23456789, None], {"a": 2.0000001}]
+    for value in values:
+        cleaned = make_event("e", v=value)["v"]
+        assert repr(_cleaned(value)) == repr(cleaned)
+        assert type(_cleaned(value)) is type(cleaned)

@@ -560,3 +560,44 @@ def test_summarize_100k_simulator_like_records_smoke() -> None:
     assert s.completed == n
     assert s.itl_mean_s == pytest.approx(0.01, rel=0.01)
     assert s.tpot_mean_s == pytest.approx(0.01, rel=0.01)
+
+
+@pytest.mark.parametrize("kind", ["linear", "quadratic", "log1p"])
+def test_idle_and_benefit_all_ok_shortcut_equals_the_general_rules_to_the_bit(kind: str) -> None:
+    # compute_outcomes passes all_ok=True for a batch where every request completed (the usual live-window
+    # batch); the shortcut must give the general path's doubles, NaN lateness (no token seen) included.
+    rng = np.random.default_rng(7)
+    n = 300
+    max_late = rng.normal(0.0, 2.0, n)
+    max_late[rng.random(n) < 0.1] = math.nan
+    arrival = rng.random(n) * 10.0
+    end = arrival + rng.random(n) * 5.0
+    out_tok = rng.integers(0, 50, n)
+    delivered = out_tok.copy()
+    ok = np.ones(n, dtype=bool)
+    spec = SmoothGoodputSpec(alpha=1.5, penalty=kind)
+    general = smooth_goodput.idle_and_benefit(max_late, ok, arrival, end, out_tok, delivered, spec)
+    shortcut = smooth_goodput.idle_and_benefit(max_late, ok, arrival, end, out_tok, delivered, spec, all_ok=True)
+    for a, b in zip(general, shortcut, strict=True):
+        assert a.dtype == b.dtype
+        assert a.tobytes() == b.tobytes()
+
+
+def test_a_batch_mixing_records_with_and_without_chunks_and_slos_is_judged_as_one_by_one() -> None:
+    # compute_outcomes takes shortcuts when every record has chunks, all completed or one SLO applies; a mixed
+    # batch must give each record the columns it gets judged alone.
+    slo_a = RequestSLO(e2e_s=2.0)
+    records = [
+        RequestRecord(0, "a", slo_a, 5, 8, 0.0, 0.0, end_s=1.5, output_tokens=3, chunk_times=np.array([0.5, 1.0, 1.5])),
+        RequestRecord(1, "b", RequestSLO(), 5, 8, 0.1, 0.1, Status.ERROR, end_s=0.9, output_tokens=0),
+        RequestRecord(2, "a", slo_a, 5, 8, 0.2, 0.2, end_s=3.0, output_tokens=4),
+        RequestRecord(3, "b", RequestSLO(ttft_s=0.1), 5, 8, 0.3, 0.3, Status.TIMEOUT),
+        RequestRecord(4, "a", slo_a, 5, 8, 0.4, 0.4, end_s=1.0, output_tokens=2, chunk_times=np.array([0.6, 1.0])),
+    ]
+    slo = SLOSpec(e2e_s=1.0, ttft_s=0.5)
+    whole = compute_outcomes(records, fallback_slo=slo, smooth=SMOOTH)
+    for i, rec in enumerate(records):
+        alone = compute_outcomes([rec], fallback_slo=slo, smooth=SMOOTH)
+        for name in outcomes._PER_REQUEST_COLUMNS:
+            assert getattr(whole, name)[i : i + 1].tobytes() == getattr(alone, name).tobytes(), name
+        assert whole.task_names[whole.task_code[i]] == alone.task_names[alone.task_code[0]]

@@ -69,9 +69,18 @@ def idle_and_benefit(
     output_tokens: np.ndarray,
     delivered: np.ndarray,
     smooth: SmoothGoodputSpec,
+    *,
+    all_ok: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """User idle latency (eq. 6; NaN when nothing can be said) and benefit (eq. 7; 0 where idle is NaN) per
-    request, from each request's latest token lateness `max_late` (NaN: no token seen) and `delivered` tokens."""
+    request, from each request's latest token lateness `max_late` (NaN: no token seen) and `delivered` tokens.
+
+    `all_ok`: the caller knows every request completed (`ok` all True), the usual live-window batch: the same
+    values in fewer passes (no failure waits; a NaN idle becomes 0, so no NaN is left for the benefit)."""
+    if all_ok:
+        idle = np.where(np.isnan(max_late), 0.0, np.maximum(max_late, 0.0))
+        with np.errstate(invalid="ignore"):
+            return idle, output_tokens - smooth.alpha * penalty(idle, smooth.penalty)
     idle = np.where(np.isnan(max_late), NAN, np.maximum(max_late, 0.0))
     # A failure leaves the reader waiting for token k+1 (due a + first + k/V) until the error arrives.
     failed_wait = end_s - token_due_s(arrival_s, delivered, smooth)
