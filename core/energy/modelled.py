@@ -78,14 +78,16 @@ def busy_seconds(samples: Sequence[EngineSample], end_s: float | None = None, *,
 
 
 def _busy(sample: EngineSample) -> float:
-    return float(sample.busy_s) if sample.busy_s is not None else 0.0
+    """The sample's busy counter; only asked of samples that carry it (`busy_seconds` tests them all first)."""
+    assert sample.busy_s is not None
+    return float(sample.busy_s)
 
 
 def _counter_at(samples: Sequence[EngineSample], time_s: float | None) -> float:
     """The cumulative busy seconds at `time_s` (None: the end), linear between samples."""
     first, last = samples[0], samples[-1]
     if time_s is None or time_s >= float(last.time_s):
-        return float(_busy(last))
+        return _busy(last)
     if time_s <= float(first.time_s):
         # Before the first sample: busy time accrued up to it is spread over [0, its time].
         t0 = float(first.time_s)

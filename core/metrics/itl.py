@@ -214,7 +214,7 @@ def _shared_steps(
     sliced = (ends < rising) & (block[np.minimum(starts, rising - 1)] == firsts)
     sliced &= block[np.minimum(ends, rising - 1)] == lasts
     if rising < 2 or not sliced.any():
-        return None, sliced & False
+        return None, np.zeros_like(sliced)
     return SharedSteps(block, rising, starts[sliced], ends[sliced]), sliced
 
 
