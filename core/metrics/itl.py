@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -164,8 +165,10 @@ class GapSeries:
         return np.empty(len(self._times)), np.empty(len(self._times))
 
 
-def _block_index(blocks: list[np.ndarray], base: object) -> int:
-    """`base`'s index in `blocks` (appended if new), or -1 if it is no 1-D float64 array."""
+def _block_index(blocks: list[np.ndarray], base: Any) -> int:
+    """`base`'s index in `blocks` (appended if new), or -1 if it is no 1-D float64 array. (`base` is Any, not
+    object: `pip install .` type-checks this module where numpy is not installed yet, and there the `type(base)
+    is np.ndarray` test narrows nothing.)"""
     if type(base) is not np.ndarray or base.ndim != 1 or base.dtype is not _FLOAT64:
         return -1
     for index, block in enumerate(blocks):
