@@ -20,9 +20,10 @@ processes' included) and the largest peak RSS (of the process or any one worker)
 `--job tune` and `--job capacity` the same way (issue 22's other two targets; the tune's journal goes to a
 temporary --out). With `--vidur-python VENV/bin/python --vidur-data DIR` (or when `import vidur` works here) it
 also times vidur 0.0.26 (`python -m vidur.main`, offline, at its leanest settings: benchmarks/vidur_offline.py)
-on the same workload, alternating with the fcfs runs (slo-console, vidur, slo-console, vidur, ...), and prints
-the ratio of the medians, the range over the pairs, and both simulators' simulated work (engine steps against
-Vidur's batches, simulated seconds) so the reader can check the comparison is like for like. Vidur's first
+on the same workload, alternating with the modes' runs (each mode once, then vidur, round after round), and
+prints each mode's ratio of the medians, its range over the rounds, and both simulators' simulated work (fcfs's
+engine steps against Vidur's batches, simulated seconds) so the reader can check the comparison is like for
+like. Vidur's first
 run (it trains its random forests on a cold cache) is a warm-up and is not timed.
 """
 
@@ -118,36 +119,48 @@ def print_row(name: str, n: int | str, m: dict[str, float], extra: str = "") -> 
     print(f"{name:>10} {count} {m['wall_s']:>7.2f} {spread:>15} {m['cpu_s']:>7.2f} {m['peak_mib']:>9.0f}{extra}")
 
 
-def versus_vidur(n: int, repeat: int, vidur: VidurRun) -> None:
-    """slo-console fcfs and Vidur on the same workload size, alternating run by run so that both see the same load."""
-    ours = [sys.executable, "-m", "console", "--batch", "--profile", "bench-chat", "--mode", "fcfs"]
-    ours += ["--requests", str(n)]
-    time_process(ours)  # warm-up: file caches, .pyc files
+def versus_vidur(n: int, modes: list[str], repeat: int, vidur: VidurRun) -> None:
+    """Each mode and Vidur on the same workload size, alternating round by round (every mode once, then Vidur
+    once) so that all see the same load; each mode's ratio is taken against the Vidur run of its own round."""
+    commands = {mode: bench_chat_command(mode, n) for mode in modes}
+    for command in commands.values():
+        time_process(command)  # warm-up: file caches, .pyc files
     probe = vidur.probe(n)  # warm-up, untimed: trains Vidur's random forests on a cold cache; counts its batches
-    slo_runs, vidur_runs, loads = [], [], []
+    runs: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in modes}
+    vidur_runs, loads = [], []
     for _ in range(repeat):
         loads.append(os.getloadavg()[0])
-        slo_runs.append(time_process(ours))
+        for mode, command in commands.items():
+            runs[mode].append(time_process(command))
         command = vidur.command(n)  # outside the clock: writes Vidur's trace on first use
         vidur_runs.append(time_process(command, env=vidur_env()))  # `python -m vidur.main`, as a Vidur user types it
         vidur.clear_outputs()
-    s, v = summarize_runs(slo_runs), summarize_runs(vidur_runs)
-    print_row("fcfs", n, s, "  (interleaved with vidur)")
+    v = summarize_runs(vidur_runs)
+    for mode in modes:
+        print_row(mode, n, summarize_runs(runs[mode]), "  (interleaved with vidur)")
     print_row("vidur", n, v, "  (0.0.26, lean: native predictor, no chrome trace)")
-    pair_walls = sorted(vr[0] / sr[0] for sr, vr in zip(slo_runs, vidur_runs, strict=True))
-    pair_cpus = sorted(vr[1] / sr[1] for sr, vr in zip(slo_runs, vidur_runs, strict=True))
+    for mode in modes:
+        s = summarize_runs(runs[mode])
+        pair_walls = sorted(vr[0] / sr[0] for sr, vr in zip(runs[mode], vidur_runs, strict=True))
+        pair_cpus = sorted(vr[1] / sr[1] for sr, vr in zip(runs[mode], vidur_runs, strict=True))
+        print(
+            f"{'':>10} vidur / slo-console {mode}, whole process vs whole process: wall "
+            f"{v['wall_s'] / s['wall_s']:.1f}x (rounds {pair_walls[0]:.1f}-{pair_walls[-1]:.1f}x), CPU "
+            f"{v['cpu_s'] / s['cpu_s']:.1f}x (rounds {pair_cpus[0]:.1f}-{pair_cpus[-1]:.1f}x)"
+        )
+    print(f"{'':>10} load average at each round: " + ", ".join(f"{x:.1f}" for x in loads))
+    ours_inner = measure(n)  # fcfs in process, for its step count and simulated time
     print(
-        f"{'':>10} vidur / slo-console, whole process vs whole process: wall {v['wall_s'] / s['wall_s']:.1f}x "
-        f"(pairs {pair_walls[0]:.1f}-{pair_walls[-1]:.1f}x), CPU {v['cpu_s'] / s['cpu_s']:.1f}x "
-        f"(pairs {pair_cpus[0]:.1f}-{pair_cpus[-1]:.1f}x); load average at each pair "
-        + ", ".join(f"{x:.1f}" for x in loads)
-    )
-    ours_inner = measure(n)  # the same run in process, for its step count and simulated time
-    print(
-        f"{'':>10} simulated work: slo-console {ours_inner['steps']:,} engine steps, "
+        f"{'':>10} simulated work: slo-console fcfs {ours_inner['steps']:,} engine steps, "
         f"{ours_inner['virtual_s']:,.0f} simulated s; vidur {probe['batches']:,} batches, "
         f"{probe['simulated_s']:,.0f} simulated s"
     )
+
+
+def bench_chat_command(mode: str, n: int) -> list[str]:
+    """`slo-console --batch --profile bench-chat --mode MODE --requests N` through this Python."""
+    command = [sys.executable, "-m", "console", "--batch", "--profile", "bench-chat", "--mode", mode]
+    return [*command, "--requests", str(n)]
 
 
 def whole_process(requests: list[int], modes: list[str], repeat: int, jobs: list[str], vidur: VidurRun | None) -> None:
@@ -162,12 +175,11 @@ def whole_process(requests: list[int], modes: list[str], repeat: int, jobs: list
             command = [sys.executable, "-m", "console", "--batch", "--profile", "quickstart", "--job", job]
             print_row(job, "quickstart", measure_process([*command, "--out", out], repeat))
     for n in requests:
+        if vidur is not None:
+            versus_vidur(n, modes, repeat, vidur)
+            continue
         for mode in modes:
-            if mode == "fcfs" and vidur is not None:
-                versus_vidur(n, repeat, vidur)
-                continue
-            command = [sys.executable, "-m", "console", "--batch", "--profile", "bench-chat", "--mode", mode]
-            print_row(mode, n, measure_process([*command, "--requests", str(n)], repeat))
+            print_row(mode, n, measure_process(bench_chat_command(mode, n), repeat))
     if vidur is None:
         print(
             "(Vidur not timed: install vidur==0.0.26 in a venv of its own and pass --vidur-python VENV/bin/python "
