@@ -21,6 +21,7 @@ COMPILED_MODULES = (
     "core.sim.stalls",
     "core.sim.reach",
     "core.records",
+    "core.engine_sample",
     "core.step_time",
     "core.workload.sending",
     "core.workload.plan",

@@ -5,9 +5,10 @@ console never care which world they run in. A backend drives the whole load plan
 closed-loop clients) because how clients wait differs between worlds: the simulator advances a virtual
 clock, a live backend awaits real HTTP streams.
 
-This is the bottom layer (it imports only core/records.py): the simulator, the workload builder, the server
-manager and the energy meters all speak these types, and none of them may import the backends package
-above them (the layers are checked by `lint-imports`, see pyproject.toml).
+This is the bottom layer (it imports only core/records.py and core/engine_sample.py, whose EngineSample it
+speaks): the simulator, the workload builder, the server manager and the energy meters all speak these types,
+and none of them may import the backends package above them (the layers are checked by `lint-imports`, see
+pyproject.toml).
 """
 
 from __future__ import annotations
@@ -16,31 +17,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from core.engine_sample import EngineSample
 from core.records import RequestRecord, RequestSpec
 
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot serve at all (server down, engine missing). Batch exit code 3."""
-
-
-@dataclass(slots=True)
-class EngineSample:
-    """A snapshot of the engine, from the simulator's state or a live server's /metrics."""
-
-    time_s: float
-    running: int
-    waiting: int
-    kv_usage: float  # 0..1
-    preemptions_total: int = 0
-    generated_tokens_total: int = 0
-    spec_draft_tokens_total: int | None = None
-    spec_accepted_tokens_total: int | None = None
-    power_w: float | None = None
-    # The engine's cumulative busy seconds at the sample (the simulator's; modelled energy integrates it, so an
-    # idle gap between two samples adds nothing). A field, not an `extra` key: a dict per sample was 8 MiB of a
-    # 100k-request run's 47k samples.
-    busy_s: float | None = None
-    extra: dict[str, float] | None = None  # a live server's other counters (core/serve/prom.py)
 
 
 @dataclass(slots=True)

@@ -475,3 +475,33 @@ def test_the_simulators_sampled_power_integrates_to_the_modelled_energy() -> Non
     last = samples[-1]
     assert integrated == pytest.approx(power.energy_j(last.busy_s, last.time_s), rel=1e-9)
     assert power.idle_w * last.time_s < integrated < power.peak_w * last.time_s
+
+
+def test_the_simulators_sample_power_is_power_w_to_the_bit() -> None:
+    """The simulator applies PowerModel.power_w's line itself (idle_w and slope_w read once per run): each
+    sample's power equals power_w at the busy share since the previous sample, bit for bit."""
+    from core.profile import load_calibration, load_profile
+    from core.sim.engine import SimEngine
+    from core.workload import build_load_plan
+
+    profile = load_profile("quickstart")
+    arrival = profile.workload.arrival.model_copy(update={"rate_rps": 4.0})  # busy part of the time
+    profile = profile.model_copy(update={"workload": profile.workload.model_copy(update={"arrival": arrival})})
+    calibration = load_calibration(profile)
+    power = calibration.power
+    assert power is not None
+    samples: list[EngineSample] = []
+    engine = SimEngine(
+        calibration, profile.knobs, build_load_plan(profile, requests=300), seed=3, on_sample=samples.append
+    )
+    engine.run()
+    last_time, last_busy = 0.0, 0.0
+    shares = set()
+    for sample in samples:
+        assert sample.busy_s is not None
+        span = sample.time_s - last_time
+        share = min(1.0, (sample.busy_s - last_busy) / span) if span > 0 else (1.0 if sample.running else 0.0)
+        assert sample.power_w == power.power_w(share)
+        shares.add(share)
+        last_time, last_busy = sample.time_s, sample.busy_s
+    assert len(shares) > 5  # utilisation took many values, not only idle and full

@@ -81,6 +81,11 @@ class SimEngine:
         self._next_sample_s = 0.0
         self._last_sample = (0.0, 0.0)  # (clock, busy seconds) at the previous sample
         self.max_model_len = calibration.max_model_len
+        power = calibration.power
+        # PowerModel.power_w's line, its two numbers read once (sample() applies it: the same float operations).
+        self._has_power = power is not None
+        self._power_idle_w = 0.0 if power is None else float(power.idle_w)
+        self._power_slope_w = 0.0 if power is None else float(power.slope_w())
 
         self.replicas = [self._make_replica(i, calibration, knobs, _replica_rng(seed, i)) for i in range(replicas)]
         self.views = [SimReplicaView(r) for r in self.replicas]
@@ -307,7 +312,6 @@ class SimEngine:
         """A snapshot. `busy_s` is the cumulative busy time (modelled energy integrates it, so an
         idle gap between samples adds nothing); power is the calibration's power model (PowerModel.power_w) at
         the busy share of the replicas' time since the previous sample."""
-        power = self.calibration.power
         replicas = self.replicas
         if len(replicas) == 1:
             # The sums below over one replica, without the generators (47k samples in a 100k run): 0 + x is x.
@@ -337,7 +341,7 @@ class SimEngine:
             int(generated),
             None,
             None,
-            None if power is None else power.power_w(utilisation),
+            self._power_idle_w + self._power_slope_w * utilisation if self._has_power else None,
             float(busy_s),
         )
 
