@@ -32,7 +32,14 @@ from core.profile import Calibration, KnobsSpec
 from core.sim.compile_hints import mypyc_attr
 from core.sim.replica_base import ReplicaBase
 from core.sim.sim_request import CompletionCallback, SimRequest
-from core.step_planner_api import BatchPlan, StepPlanner, StepRequest, draw_accepted, plan_fcfs_prefill
+from core.step_planner_api import (
+    BatchPlan,
+    PlannedReplica,
+    StepPlanner,
+    StepRequest,
+    draw_accepted,
+    plan_fcfs_prefill,
+)
 
 _second = itemgetter(1)  # (request, tokens) -> tokens
 _admitted_order = attrgetter("admitted_order")
@@ -73,9 +80,10 @@ def _fewest_left(decoding: list[StepRequest]) -> int:
     return fewest
 
 
-class StepwiseReplica(ReplicaBase[StepRequest]):
+class StepwiseReplica(ReplicaBase[StepRequest], PlannedReplica):
     """An engine replica whose batches a `StepPlanner` forms (same clock, noise, KV and preemption model as the
-    fast replica, from their shared base: replica_base.py, which says why the two are siblings)."""
+    fast replica, from their shared base: replica_base.py, which says why the two are siblings). PlannedReplica
+    (core/step_planner_api.py) is the planners' native view of it: it adds no state."""
 
     def __init__(
         self,

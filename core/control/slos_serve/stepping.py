@@ -40,7 +40,7 @@ from core.control.slos_serve.budget import BudgetModel
 from core.control.slos_serve.step_requests import fill_in_order, is_best_effort, queued_last, request_key
 from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
-from core.step_planner_api import BatchPlan, StepRequest, draw_accepted
+from core.step_planner_api import BatchPlan, PlannedReplica, StepRequest, draw_accepted
 from core.step_time import StepTimeModel
 
 # The engine paces decodes at this share of their TPOT SLO: step times are noisy (the calibration's noise_cv)
@@ -67,7 +67,9 @@ class SlosServeStepPlanner:
         # The replica may leave a stretch's tokens owed to the decoding requests (StepRequest.owed_from): `plan`
         # runs only after it settles them, the checks read no decoding request's tokens, and `sync` counts the log.
         self.lazy_timelines = True
-        self.replica: Any = None  # the StepwiseReplica it last planned for
+        # The StepwiseReplica it last planned for. Typed with the replica's native view (PlannedReplica), as are the
+        # methods' `replica` below: compiled, their reads of its queues, clock and KV are native, not generic getattrs.
+        self.replica: PlannedReplica | None = None
         # StepRequest -> (its DecodeTask, reused step after step; TPOT, best effort, id, output tokens)
         self._tasks: dict[Any, tuple[DecodeTask, float, bool, int, int]] = {}
         # The stretch checks' last decoding requests' facts (_decode_facts), last tiers (_decode_tiers) and their
@@ -95,7 +97,7 @@ class SlosServeStepPlanner:
             known = item.planned = (deadline, tpot, req.tier == TIER_BEST_EFFORT, req.spec.request_id)
         return known
 
-    def _forget(self, replica: Any) -> None:
+    def _forget(self, replica: PlannedReplica) -> None:
         """Keep `_tasks` to the requests still in the replica (amortised: once they have doubled)."""
         live = len(replica.waiting) + len(replica.prefilling) + len(replica.decoding)
         if len(self._tasks) > 2 * live + 64:
@@ -103,7 +105,7 @@ class SlosServeStepPlanner:
             tasks = self._tasks
             self._tasks = {item: tasks[item] for queue in queues for item in queue if item in tasks}
 
-    def plan(self, replica: Any, now: float) -> Any:
+    def plan(self, replica: PlannedReplica, now: float) -> BatchPlan:
         self.replica = replica
         self._forget(replica)
         admitting, preempt = self._admissions(replica)
@@ -171,7 +173,7 @@ class SlosServeStepPlanner:
         plan.prefill = admitted
         return plan
 
-    def plain_decode_check(self, replica: Any) -> Callable[[float], bool] | None:
+    def plain_decode_check(self, replica: PlannedReplica) -> Callable[[float], bool] | None:
         """The replica's stretch hook (PlainDecodePlanner, core/step_planner_api.py). With nothing prefilling,
         nothing to admit and no speculation, `plan` gives every decoding request one token whenever they all
         fit in the batch's token budget (form_batch hands out the budget a token per decode until it runs
@@ -219,7 +221,9 @@ class SlosServeStepPlanner:
 
         return fits
 
-    def plain_prefill_check(self, replica: Any) -> Callable[[float, float], list[tuple[Any, int]] | None] | None:
+    def plain_prefill_check(
+        self, replica: PlannedReplica
+    ) -> Callable[[float, float], list[tuple[Any, int]] | None] | None:
         """The replica's hook for stretches with prefill chunks (PlainDecodePlanner, core/step_planner_api.py):
         with requests prefilling or queued and no speculation, `plan` gives every decoding request one token and
         the prefills what batching.prefill_beside_every_decode says, whenever it says it and the best-effort
@@ -332,7 +336,7 @@ class SlosServeStepPlanner:
         return settings.max_spec_len > 0 and settings.acceptance > 0.0
 
     def _decode_tiers(
-        self, replica: Any, prefilling: tuple[Any, ...], facts: tuple[set[float], int] | None = None
+        self, replica: PlannedReplica, prefilling: tuple[Any, ...], facts: tuple[set[float], int] | None = None
     ) -> tuple[list[float], int]:
         """The tiers `plan` builds its BudgetModel on (the TPOTs of the SLO decodes and of `prefilling`) and the
         mask of the decoding ones. The answer for the same requests is kept (a stretch often ends at an arrival
@@ -375,7 +379,7 @@ class SlosServeStepPlanner:
         self._last_tiers = (facts, prefilling, answer)
         return answer
 
-    def _decode_facts(self, replica: Any) -> tuple[set[float], int]:
+    def _decode_facts(self, replica: PlannedReplica) -> tuple[set[float], int]:
         """(the TPOTs of the SLO decodes, how many decodes are best-effort), kept while the replica's decoding
         requests are the same ones (every stretch check asks; the list changes at prefill ends, completions and
         preemptions only). The answer is only read."""
@@ -433,7 +437,7 @@ class SlosServeStepPlanner:
             knee_efficiency=settings.knee_efficiency,
         )
 
-    def _admissions(self, replica: Any) -> tuple[list[Any], list[Any]]:
+    def _admissions(self, replica: PlannedReplica) -> tuple[list[Any], list[Any]]:
         """Which queued requests may be admitted this step, SLO requests before best-effort ones, and which
         best-effort requests to preempt (newest first) so that a queued SLO request gets the KV memory or
         the slot it needs (paper 004 sec. 4.1: the tier runs on leftovers and yields to SLO requests)."""
