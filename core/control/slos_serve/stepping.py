@@ -37,7 +37,13 @@ from core.control.slos_serve.batching import (
     urgent_prefill_tokens,
 )
 from core.control.slos_serve.budget import BudgetModel
-from core.control.slos_serve.step_requests import fill_in_order, is_best_effort, queued_last, request_key
+from core.control.slos_serve.step_requests import (
+    fill_in_order,
+    is_best_effort,
+    queued_last,
+    request_key,
+    stable_order,
+)
 from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
 from core.step_planner_api import BatchPlan, PlannedReplica, StepRequest, draw_accepted
@@ -77,6 +83,7 @@ class SlosServeStepPlanner:
         self._last_decodes: tuple[tuple[Any, ...], tuple[set[float], int]] | None = None
         self._last_tiers: tuple[tuple[set[float], int], tuple[Any, ...], tuple[list[float], int]] | None = None
         self._stretch_budgets: dict[tuple[tuple[float, ...], int], BudgetModel] = {}
+        self._last_stretch: tuple[list[float], int, BudgetModel] | None = None  # _stretch_budget's last answer
         # (stretch model, decoding tiers' mask, decodes) -> the last KV range plain_decode_check tested, and its answer
         self._decode_proofs: dict[tuple[BudgetModel, int, int], list[Any]] = {}
 
@@ -271,10 +278,9 @@ class SlosServeStepPlanner:
             entries = [(item, -1) for item in prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
         if len(entries) > 1:  # (one entry is in order: its task below works its deadline out as the key did)
-            # sort(key=deadline): the same stable order, from the keys worked out natively and read back through
-            # the list's own __getitem__ (a C call per entry, not a closure called through the interpreter's API).
+            # sort(key=deadline): the same stable order, from the keys worked out natively (step_requests.stable_order).
             keys = [self._deadlines(item)[0] for item, _ in entries]
-            entries = [entries[j] for j in sorted(range(len(entries)), key=keys.__getitem__)]
+            entries = [entries[j] for j in stable_order(keys)]
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
         # The best-effort prefills in form_batch's order: the prefilling ones, then the queued ones (after every
         # queued SLO one in `queued`), each with its place in the queue or -1.
@@ -413,10 +419,17 @@ class SlosServeStepPlanner:
         """`_budget(tiers, any KV, sequences)` for the stretch checks, kept per tiers and sequences: they move it to
         each step's KV themselves (`at_context`, `batch_at`, `holds_decodes_between` all answer as a model
         built for that KV would) and never speculate, so only the tiers and the sequences tell models apart."""
+        last = self._last_stretch
+        # The same tiers list as the last call's (`_decode_tiers` hands back its kept answer while the requests are the
+        # same, and nobody writes into it) with the same sequences: the same key, so the same model, without hashing
+        # a tuple of floats (~1k instructions a check).
+        if last is not None and last[0] is tiers and last[1] == sequences:
+            return last[2]
         key = (tuple(tiers), sequences)
         model = self._stretch_budgets.get(key)
         if model is None:
             model = self._stretch_budgets[key] = self._budget(tiers, 0.0, sequences)
+        self._last_stretch = (tiers, sequences, model)
         return model
 
     def _budget(
