@@ -6,7 +6,9 @@ It sits in the bottom layer, beside the controller seam (core/controller_api.py)
 the simulator's replica calls a `StepPlanner` and the control package implements one. Kept inside core/sim,
 control would have to import the simulator, and the simulator already calls control's policies; here neither
 imports the other. The planner sees the replica only through `StepReplicaView` (the fields of
-`StepwiseReplica` it reads), so a planner never reaches into the simulator's internals.
+`StepwiseReplica` it reads), so a planner never reaches into the simulator's internals. `PlannedReplica` is the
+same view as a native base class (a mypyc trait) that StepwiseReplica derives from: a compiled planner typed
+with it reads those fields natively (see there).
 
 `plan_fcfs_prefill` and `draw_accepted` are here too: vLLM's FCFS chunked prefill and left-to-right draft
 verification are the building blocks every planner shares (the simulator's own `FcfsStepPlanner` and
@@ -18,13 +20,22 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 from core.pickling import reduce_by_fields
 from core.records import RequestSpec
 from core.step_time import StepTimeModel
+
+_T = TypeVar("_T")
+
+try:
+    from mypy_extensions import trait
+except ImportError:  # pure Python without mypy_extensions: the decorator changes nothing at run time
+
+    def trait(cls: _T) -> _T:  # type: ignore[no-redef]
+        return cls
 
 
 class PlannedRequest(Protocol):
@@ -146,6 +157,37 @@ class StepReplicaView(Protocol):
     def running(self) -> int:
         """Requests admitted (prefilling or decoding)."""
         ...
+
+
+@trait
+class PlannedReplica:
+    """`StepReplicaView` as a native base: what a compiled planner reads of its replica (core/sim/stepwise.
+    StepwiseReplica derives from it, beside its concrete base). Typed with the protocol (or `Any`), a compiled
+    planner reads every field through the interpreter's generic getattr (~200 instructions a read, a boxed int
+    or float to unbox); typed with this trait, mypyc reads them natively (an offset from the class's trait
+    table, a getter through its vtable for an int, float or bool). A trait because StepwiseReplica already
+    has its one concrete base (core/sim/replica_base.ReplicaBase, which holds most of these fields); it holds
+    no state of its own. Planners that tests also drive with duck-typed fakes (AdaServe's) keep the protocol."""
+
+    index: int
+    clock: float
+    model: StepTimeModel
+    width: int
+    max_seqs: int
+    token_budget: int
+    chunked: bool
+    block: int
+    kv_capacity: int
+    kv_used: float
+    waiting: deque[StepRequest]
+    prefilling: list[StepRequest]
+    decoding: list[StepRequest]
+    stretch_log: list[float]  # as StepReplicaView says
+
+    @property
+    def running(self) -> int:
+        """Requests admitted (prefilling or decoding)."""
+        raise NotImplementedError
 
 
 class StepPlanner(Protocol):

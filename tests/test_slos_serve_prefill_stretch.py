@@ -11,6 +11,9 @@ profile and the pressure cases to the reference).
 
 from __future__ import annotations
 
+import math
+import random
+
 import numpy as np
 import pytest
 
@@ -24,6 +27,7 @@ from core.control.slos_serve.batching import (
     urgent_prefill_tokens,
 )
 from core.control.slos_serve.budget import BudgetModel
+from core.control.slos_serve.step_requests import stable_order
 from core.control.slos_serve.stepping import SlosServeStepPlanner
 from core.controller_api import TIER_BEST_EFFORT
 from core.modes import ModeContext, make_policy
@@ -189,3 +193,16 @@ def test_the_promised_chunks_are_plans_beside_the_best_effort_tier(monkeypatch: 
     for rate_rps in (21.25, 34.0):
         _overloaded_quickstart(rate_rps, True, {"best_effort": 0}, monkeypatch)
     assert counts["best_effort"] > 200
+
+
+def test_stable_order_is_sorteds_order() -> None:
+    """step_requests.stable_order (the stretch check's deadline order) gives `sorted`'s stable order of positions:
+    ties (0.0 and -0.0 among them), infinities, a NaN (sorted's own answer) and more keys than its insertion sort
+    takes."""
+    rng = random.Random(42)
+    for _ in range(20_000):
+        pool = [0.0, -0.0, 1.0, 2.5, math.inf, -math.inf, rng.random()]
+        keys = [rng.choice(pool) for _ in range(rng.randint(0, 24))]
+        if keys and rng.random() < 0.05:
+            keys[rng.randrange(len(keys))] = math.nan
+        assert stable_order(keys) == sorted(range(len(keys)), key=keys.__getitem__), keys

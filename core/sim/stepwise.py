@@ -32,7 +32,14 @@ from core.profile import Calibration, KnobsSpec
 from core.sim.compile_hints import mypyc_attr
 from core.sim.replica_base import ReplicaBase
 from core.sim.sim_request import CompletionCallback, SimRequest
-from core.step_planner_api import BatchPlan, StepPlanner, StepRequest, draw_accepted, plan_fcfs_prefill
+from core.step_planner_api import (
+    BatchPlan,
+    PlannedReplica,
+    StepPlanner,
+    StepRequest,
+    draw_accepted,
+    plan_fcfs_prefill,
+)
 
 _second = itemgetter(1)  # (request, tokens) -> tokens
 _admitted_order = attrgetter("admitted_order")
@@ -73,9 +80,10 @@ def _fewest_left(decoding: list[StepRequest]) -> int:
     return fewest
 
 
-class StepwiseReplica(ReplicaBase[StepRequest]):
+class StepwiseReplica(ReplicaBase[StepRequest], PlannedReplica):
     """An engine replica whose batches a `StepPlanner` forms (same clock, noise, KV and preemption model as the
-    fast replica, from their shared base: replica_base.py, which says why the two are siblings)."""
+    fast replica, from their shared base: replica_base.py, which says why the two are siblings). PlannedReplica
+    (core/step_planner_api.py) is the planners' native view of it: it adds no state."""
 
     def __init__(
         self,
@@ -239,12 +247,14 @@ class StepwiseReplica(ReplicaBase[StepRequest]):
         # The last of them completes a request: the fewest tokens left, less what the stretch log owes them.
         most = _fewest_left(decoding) - len(self.stretch_log)
         n = len(decoding)
-        step_time = self.model.step_time
+        # The model's method called on it (compiled: a native call; a bound method kept in a local is called through
+        # the interpreter's API, its floats boxed and parsed, ~350 instructions a step).
+        model = self.model
         capacity = self.kv_capacity
         kv = self.kv_used
         ends: list[float] = []
         while len(ends) < most and self.clock < stop and kv + n <= capacity and fits(kv):
-            self.step = self._record_step_end(self._noisy(step_time(n, kv, 0, n))) + 1  # step_once's calls
+            self.step = self._record_step_end(self._noisy(model.step_time(n, kv, 0, n))) + 1  # step_once's calls
             clock = self.clock
             ends.append(clock)
             kv += n
@@ -267,7 +277,7 @@ class StepwiseReplica(ReplicaBase[StepRequest]):
         decoding = self.decoding
         most = (_fewest_left(decoding) if decoding else math.inf) - len(self.stretch_log)
         n = len(decoding)
-        step_time = self.model.step_time
+        model = self.model  # (its method called on it: native, as in _decode_segment)
         capacity = self.kv_capacity
         kv = self.kv_used
         ends: list[float] = []
@@ -301,7 +311,7 @@ class StepwiseReplica(ReplicaBase[StepRequest]):
                 if item.prompt_left == 0:
                     started.append(item)
             # Priced as step_once prices it: the KV after the admissions, the decodes and every chunk.
-            self.step = self._record_step_end(self._noisy(step_time(tokens, kv, 0, n + len(chunks)))) + 1
+            self.step = self._record_step_end(self._noisy(model.step_time(tokens, kv, 0, n + len(chunks)))) + 1
             clock = self.clock
             ends.append(clock)
             kv += n

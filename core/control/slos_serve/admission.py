@@ -287,17 +287,22 @@ class AdmissionPlanner:
         # Each decoding request's tier looked up once (with one tier, every TPOT is it: no float hashing), for its
         # pace and for the tiers decoding and the ones still decoding after the last deadline.
         one_tier = n_tiers == 1
-        paces: list[tuple[float, float, float, int]] = []
+        decoder_tiers: list[int] = []  # (left empty with one tier: every decoding request is in tier 0)
         running_mask = 0
         alive_at_end = [0] * n_tiers
         last = deadlines[-1]
         for start, pace, left in decoders:
-            tier = 0 if one_tier else tier_of[pace]
-            paces.append((start, pace, float(left), tier))
+            tier = 0
+            if not one_tier:
+                tier = tier_of[pace]
+                decoder_tiers.append(tier)
             running_mask |= 1 << tier
             if start + left * pace > last:
-                alive_at_end[tier] += 1
-        demand = _demand_rows(paces, n_tiers, deadlines)
+                # (read, then stored: compiled, `+=` on a list item adds through the generic number protocol)
+                alive: int = alive_at_end[tier]
+                alive_at_end[tier] = alive + 1
+        # The decoders' own tuples (no tuple of boxed floats rebuilt per request per decision, as `paces` were).
+        demand = _demand_rows(decoders, decoder_tiers, n_tiers, deadlines)
         kv_free = self.settings.kv_capacity_tokens - running.kv_tokens
         slots_free = self.slots_free(running.count, len(new))
 
@@ -307,7 +312,10 @@ class AdmissionPlanner:
         for k, (deadline, kind, pos, req) in enumerate(visits):
             at = deadlines[k]
             dt = at - previous_t
-            running_tokens = [owed - before for owed, before in zip(demand[k], previous_demand, strict=True)]
+            # (by index: every row holds n_tiers sums; compiled, `zip(..., strict=True)` is the builtin called through
+            # the interpreter's API and iterated generically)
+            row = demand[k]
+            running_tokens = [row[i] - previous_demand[i] for i in range(n_tiers)]
             if dt > 0.0 or any(running_tokens):
                 states = _advance(states, budget, running_mask, dt, running_tokens, tiers)
             previous_t, previous_demand = at, demand[k]
@@ -347,14 +355,16 @@ def _running_demand(
     """Cumulative decode tokens the running requests are owed by each deadline, per tier (K lists of n_tiers).
     Tokens already overdue at `now` count in the first interval. Plain floats, summed request by request in
     their order (numpy's arrays cost more than their arithmetic at a few dozen requests and deadlines)."""
-    paces = [(r.decode_start_s, r.tpot_s, float(r.decode_tokens), tier_of[r.tpot_s]) for r in decoders]
-    return _demand_rows(paces, n_tiers, deadlines)
+    paces = [(r.decode_start_s, r.tpot_s, r.decode_tokens) for r in decoders]
+    return _demand_rows(paces, [tier_of[r.tpot_s] for r in decoders], n_tiers, list(deadlines))
 
 
 def _demand_rows(
-    paces: Sequence[tuple[float, float, float, int]], n_tiers: int, deadlines: Sequence[float]
+    decoders: list[tuple[float, float, int]], tiers: list[int], n_tiers: int, deadlines: list[float]
 ) -> list[list[float]]:
-    """`_running_demand` from each decoding request's (pace start, TPOT, tokens left as a float, tier)."""
+    """`_running_demand` from each decoding request's (pace start, TPOT, tokens left) (RunningParts.decoders) and,
+    with more than one tier, its tier (`tiers`, in the same order; not read with one tier). Lists, typed: compiled,
+    a Sequence is iterated through the interpreter's API."""
     out = []
     row: list[float] = []
     last = math.nan  # the deadline `row` is for (a NaN equals nothing: the first row is always worked out)
@@ -367,7 +377,8 @@ def _demand_rows(
             last = deadline
             if one_tier:  # the same sums in a local (0.0, then each request's owed tokens in order)
                 total = 0.0
-                for start, pace, left, _ in paces:
+                for start, pace, tokens in decoders:
+                    left = float(tokens)
                     owed = (deadline - start) / pace
                     if owed < 0.0:
                         owed = 0.0
@@ -378,7 +389,8 @@ def _demand_rows(
                 out.append(row)
                 continue
             row = [0.0] * n_tiers
-            for start, pace, left, tier in paces:
+            for i, (start, pace, tokens) in enumerate(decoders):
+                left = float(tokens)
                 # min(max(owed, 0.0), left) without the two calls: the same value (max keeps `owed` unless 0.0
                 # is larger, min keeps it unless `left` is smaller; NaN and -0.0 come through both alike)
                 owed = (deadline - start) / pace
@@ -386,7 +398,7 @@ def _demand_rows(
                     owed = 0.0
                 if left < owed:
                     owed = left
-                row[tier] += owed
+                row[tiers[i]] += owed
         out.append(row)
     return out
 

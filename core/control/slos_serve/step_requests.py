@@ -55,3 +55,30 @@ def fill_in_order(
             tokens -= chunk
             (prefilling if i < 0 else admitting).append((item, chunk))
     return tokens
+
+
+# Up to this many keys stable_order sorts itself (an insertion sort: quadratic, and most checks have 2-4 entries).
+_INSERTION_MAX = 16
+
+
+def stable_order(keys: list[float]) -> list[int]:
+    """sorted(range(len(keys)), key=keys.__getitem__): the positions of `keys` in a stable ascending order. Few keys
+    and no NaN among them: an insertion sort in compiled code (`sorted` is the builtin called through the
+    interpreter's API with a key function, ~1.5k instructions a check). Each key goes after every earlier one that
+    is not greater, which is the stable order wherever `<` orders the keys totally (floats without NaN: -0.0 and
+    0.0 are equal to both); with a NaN, or many keys, `sorted` itself."""
+    count = len(keys)
+    if count > _INSERTION_MAX:
+        return sorted(range(count), key=keys.__getitem__)
+    order: list[int] = []
+    for j in range(count):
+        key = keys[j]
+        if key != key:  # NaN: `sorted`'s own order, whatever it is
+            return sorted(range(count), key=keys.__getitem__)
+        i = len(order)
+        order.append(j)
+        while i > 0 and key < keys[order[i - 1]]:
+            order[i] = order[i - 1]
+            i -= 1
+        order[i] = j
+    return order

@@ -37,10 +37,16 @@ from core.control.slos_serve.batching import (
     urgent_prefill_tokens,
 )
 from core.control.slos_serve.budget import BudgetModel
-from core.control.slos_serve.step_requests import fill_in_order, is_best_effort, queued_last, request_key
+from core.control.slos_serve.step_requests import (
+    fill_in_order,
+    is_best_effort,
+    queued_last,
+    request_key,
+    stable_order,
+)
 from core.control.slos_serve.virtual import Tracked, VirtualReplica
 from core.controller_api import TIER_BEST_EFFORT
-from core.step_planner_api import BatchPlan, StepRequest, draw_accepted
+from core.step_planner_api import BatchPlan, PlannedReplica, StepRequest, draw_accepted
 from core.step_time import StepTimeModel
 
 # The engine paces decodes at this share of their TPOT SLO: step times are noisy (the calibration's noise_cv)
@@ -67,7 +73,9 @@ class SlosServeStepPlanner:
         # The replica may leave a stretch's tokens owed to the decoding requests (StepRequest.owed_from): `plan`
         # runs only after it settles them, the checks read no decoding request's tokens, and `sync` counts the log.
         self.lazy_timelines = True
-        self.replica: Any = None  # the StepwiseReplica it last planned for
+        # The StepwiseReplica it last planned for. Typed with the replica's native view (PlannedReplica), as are the
+        # methods' `replica` below: compiled, their reads of its queues, clock and KV are native, not generic getattrs.
+        self.replica: PlannedReplica | None = None
         # StepRequest -> (its DecodeTask, reused step after step; TPOT, best effort, id, output tokens)
         self._tasks: dict[Any, tuple[DecodeTask, float, bool, int, int]] = {}
         # The stretch checks' last decoding requests' facts (_decode_facts), last tiers (_decode_tiers) and their
@@ -75,6 +83,7 @@ class SlosServeStepPlanner:
         self._last_decodes: tuple[tuple[Any, ...], tuple[set[float], int]] | None = None
         self._last_tiers: tuple[tuple[set[float], int], tuple[Any, ...], tuple[list[float], int]] | None = None
         self._stretch_budgets: dict[tuple[tuple[float, ...], int], BudgetModel] = {}
+        self._last_stretch: tuple[list[float], int, BudgetModel] | None = None  # _stretch_budget's last answer
         # (stretch model, decoding tiers' mask, decodes) -> the last KV range plain_decode_check tested, and its answer
         self._decode_proofs: dict[tuple[BudgetModel, int, int], list[Any]] = {}
 
@@ -95,7 +104,7 @@ class SlosServeStepPlanner:
             known = item.planned = (deadline, tpot, req.tier == TIER_BEST_EFFORT, req.spec.request_id)
         return known
 
-    def _forget(self, replica: Any) -> None:
+    def _forget(self, replica: PlannedReplica) -> None:
         """Keep `_tasks` to the requests still in the replica (amortised: once they have doubled)."""
         live = len(replica.waiting) + len(replica.prefilling) + len(replica.decoding)
         if len(self._tasks) > 2 * live + 64:
@@ -103,7 +112,7 @@ class SlosServeStepPlanner:
             tasks = self._tasks
             self._tasks = {item: tasks[item] for queue in queues for item in queue if item in tasks}
 
-    def plan(self, replica: Any, now: float) -> Any:
+    def plan(self, replica: PlannedReplica, now: float) -> BatchPlan:
         self.replica = replica
         self._forget(replica)
         admitting, preempt = self._admissions(replica)
@@ -171,7 +180,7 @@ class SlosServeStepPlanner:
         plan.prefill = admitted
         return plan
 
-    def plain_decode_check(self, replica: Any) -> Callable[[float], bool] | None:
+    def plain_decode_check(self, replica: PlannedReplica) -> Callable[[float], bool] | None:
         """The replica's stretch hook (PlainDecodePlanner, core/step_planner_api.py). With nothing prefilling,
         nothing to admit and no speculation, `plan` gives every decoding request one token whenever they all
         fit in the batch's token budget (form_batch hands out the budget a token per decode until it runs
@@ -219,7 +228,9 @@ class SlosServeStepPlanner:
 
         return fits
 
-    def plain_prefill_check(self, replica: Any) -> Callable[[float, float], list[tuple[Any, int]] | None] | None:
+    def plain_prefill_check(
+        self, replica: PlannedReplica
+    ) -> Callable[[float, float], list[tuple[Any, int]] | None] | None:
         """The replica's hook for stretches with prefill chunks (PlainDecodePlanner, core/step_planner_api.py):
         with requests prefilling or queued and no speculation, `plan` gives every decoding request one token and
         the prefills what batching.prefill_beside_every_decode says, whenever it says it and the best-effort
@@ -267,10 +278,9 @@ class SlosServeStepPlanner:
             entries = [(item, -1) for item in prefilling]
         entries += [(item, i) for i, item in enumerate(queued) if not queued_best_effort[i]]
         if len(entries) > 1:  # (one entry is in order: its task below works its deadline out as the key did)
-            # sort(key=deadline): the same stable order, from the keys worked out natively and read back through
-            # the list's own __getitem__ (a C call per entry, not a closure called through the interpreter's API).
+            # sort(key=deadline): the same stable order, from the keys worked out natively (step_requests.stable_order).
             keys = [self._deadlines(item)[0] for item, _ in entries]
-            entries = [entries[j] for j in sorted(range(len(entries)), key=keys.__getitem__)]
+            entries = [entries[j] for j in stable_order(keys)]
         tasks = [(self._prefill_task(item), item, i) for item, i in entries]
         # The best-effort prefills in form_batch's order: the prefilling ones, then the queued ones (after every
         # queued SLO one in `queued`), each with its place in the queue or -1.
@@ -332,7 +342,7 @@ class SlosServeStepPlanner:
         return settings.max_spec_len > 0 and settings.acceptance > 0.0
 
     def _decode_tiers(
-        self, replica: Any, prefilling: tuple[Any, ...], facts: tuple[set[float], int] | None = None
+        self, replica: PlannedReplica, prefilling: tuple[Any, ...], facts: tuple[set[float], int] | None = None
     ) -> tuple[list[float], int]:
         """The tiers `plan` builds its BudgetModel on (the TPOTs of the SLO decodes and of `prefilling`) and the
         mask of the decoding ones. The answer for the same requests is kept (a stretch often ends at an arrival
@@ -375,7 +385,7 @@ class SlosServeStepPlanner:
         self._last_tiers = (facts, prefilling, answer)
         return answer
 
-    def _decode_facts(self, replica: Any) -> tuple[set[float], int]:
+    def _decode_facts(self, replica: PlannedReplica) -> tuple[set[float], int]:
         """(the TPOTs of the SLO decodes, how many decodes are best-effort), kept while the replica's decoding
         requests are the same ones (every stretch check asks; the list changes at prefill ends, completions and
         preemptions only). The answer is only read."""
@@ -409,10 +419,17 @@ class SlosServeStepPlanner:
         """`_budget(tiers, any KV, sequences)` for the stretch checks, kept per tiers and sequences: they move it to
         each step's KV themselves (`at_context`, `batch_at`, `holds_decodes_between` all answer as a model
         built for that KV would) and never speculate, so only the tiers and the sequences tell models apart."""
+        last = self._last_stretch
+        # The same tiers list as the last call's (`_decode_tiers` hands back its kept answer while the requests are the
+        # same, and nobody writes into it) with the same sequences: the same key, so the same model, without hashing
+        # a tuple of floats (~1k instructions a check).
+        if last is not None and last[0] is tiers and last[1] == sequences:
+            return last[2]
         key = (tuple(tiers), sequences)
         model = self._stretch_budgets.get(key)
         if model is None:
             model = self._stretch_budgets[key] = self._budget(tiers, 0.0, sequences)
+        self._last_stretch = (tiers, sequences, model)
         return model
 
     def _budget(
@@ -433,7 +450,7 @@ class SlosServeStepPlanner:
             knee_efficiency=settings.knee_efficiency,
         )
 
-    def _admissions(self, replica: Any) -> tuple[list[Any], list[Any]]:
+    def _admissions(self, replica: PlannedReplica) -> tuple[list[Any], list[Any]]:
         """Which queued requests may be admitted this step, SLO requests before best-effort ones, and which
         best-effort requests to preempt (newest first) so that a queued SLO request gets the KV memory or
         the slot it needs (paper 004 sec. 4.1: the tier runs on leftovers and yields to SLO requests)."""

@@ -190,7 +190,9 @@ class VirtualReplica:
         one_tier = len(tiers) == 1  # every TPOT is that tier (tiers holds every tracked request's)
         for t in decoding:
             tier = 0 if one_tier else tiers.index(t.tpot_s)
-            counts[tier] += 1.0
+            # (read, then stored: compiled, `+=` on a list item adds through the generic number protocol)
+            count: float = counts[tier]
+            counts[tier] = count + 1.0
             mask |= 1 << tier
         tokens = max(0.0, budget.prefill_rate(counts, mask)) * dt
         spent = 0.0
