@@ -199,7 +199,7 @@ class TreePlanner:
             spike_s = step_time(token_budget, kv_used, 0, n + 1)
             # _slo_at_stake's test; sums[-1 - k] after the add is sums[-k] now (k >= 1).
             for item in decoding:
-                track = item.planned
+                track: _Tracked | None = item.planned  # (typed: native field reads, not generic ones)
                 deadline = (track if track is not None else self._track(item)).deadline
                 left = item.out_left - ran
                 k = left if left < seen else seen
@@ -256,7 +256,7 @@ class TreePlanner:
         if start >= len(decoding):
             start = 0
         for position, item in enumerate(decoding[start:] + decoding[:start] if start else decoding, start):
-            track = item.planned
+            track: _Tracked | None = item.planned  # (typed: native field reads, not generic ones)
             deadline = (track if track is not None else self._track(item)).deadline
             left = item.out_left
             k = left if left < seen else seen  # StepLengths.mean_of_last(left), inline (once per request per step)
@@ -294,7 +294,7 @@ class TreePlanner:
         emitted: list[int] = []
         total = 0
         for item in decoding:
-            track = item.planned
+            track: _Tracked | None = item.planned  # (typed: native field reads, not generic ones)
             if track is None or track.run.next >= track.run.length:
                 run = self._next_run(item)
             else:  # (the common case of _next_run, inline)
@@ -321,7 +321,7 @@ class TreePlanner:
 
     def _drawn_run(self, item: StepRequest) -> AcceptanceRun:
         """The request's randomness with this step's entry drawn (entry `next`), not advanced."""
-        track = item.planned
+        track: _Tracked | None = item.planned  # (typed: native field reads, not generic ones)
         if track is None:
             track = self._track(item)
         run = track.run
@@ -347,13 +347,13 @@ class TreePlanner:
         behind = False
         inf = math.inf
         for item in decoding:
-            track = item.planned
+            track: _Tracked | None = item.planned  # (typed: native field reads, not generic ones)
             if track is not None and (run := track.run).next < run.length:  # (the common case of _next_run)
                 step = run.next
                 run.next = step + 1
             else:
                 run = self._next_run(item)
-                track = item.planned
+                track = cast(_Tracked, item.planned)  # (_next_run tracks it)
                 step = run.next - 1
             if step >= run.listed:  # (the run's lists are filled as steps reach them)
                 run.list_through(step + 1)

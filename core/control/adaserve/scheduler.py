@@ -198,6 +198,9 @@ class TreeScheduler:
 
     def __init__(self, spec: AdaServeSpec, model: StepTimeModel, rng: np.random.Generator) -> None:
         self.spec = spec
+        # Read every step; the spec is frozen, so kept as native fields (a pydantic attribute is a generic lookup).
+        self._must_pay = spec.must_pay
+        self._fixed_budget = spec.budget
         self.model = model
         self.rng = rng
         self._shapes: dict[tuple[int, int], tuple[int, int]] = {}
@@ -219,7 +222,7 @@ class TreeScheduler:
     def must_pay(self) -> bool:
         """Whether speculation must pay for itself (AdaServeSpec.must_pay): the planner then hands `budget` the
         prefill sharing each step and drafts only when a request's TPOT SLO is at stake."""
-        return self.spec.must_pay
+        return self._must_pay
 
     def budget(self, active: int, context_tokens: float, prefill: PrefillLoad = NO_PREFILL) -> int:
         """B for this step: the profile's, or the roofline knee at the KV context the batch holds.
@@ -229,8 +232,9 @@ class TreeScheduler:
         step whose prompt chunk has made it compute-bound has no free verification left; nor may verified
         tokens take max_num_batched_tokens from the prompt (vLLM would have prefilled it), which would
         lengthen its TTFT by a step for every chunk they displace."""
-        if self.spec.budget is not None:
-            budget = max(self.spec.budget, active)
+        fixed = self._fixed_budget
+        if fixed is not None:
+            budget = max(fixed, active)
         else:
             if active != self._budget_active or context_tokens != self._budget_context:
                 # Asked twice a step (full_tree, then planned) with the same batch: computed once.

@@ -123,7 +123,8 @@ def stretch_steps(
 def advance(decoding: list[StepRequest]) -> None:
     """Every request's run past this step's entry (what the step's columns do; `build_stretch` expects it)."""
     for item in decoding:
-        item.planned.run.next += 1
+        run: AcceptanceRun = item.planned.run  # (typed: native field reads, not generic ones)
+        run.next += 1
 
 
 def build_stretch(
@@ -131,7 +132,7 @@ def build_stretch(
 ) -> SelectionStretch:
     """The stretch whose first step is the one whose entries the runs have just taken (each run's `next` is
     one past it, as `TreePlanner._step_columns` leaves it), for `steps` steps (each run must hold them)."""
-    runs = [item.planned.run for item in decoding]
+    runs: list[AcceptanceRun] = [item.planned.run for item in decoding]  # (typed: native field reads)
     n = len(runs)
     # (K, 3n): each step's n estimates, n truths and n uniforms, from the first step's entries on (flat lists
     # into one array: numpy reads a flat list of floats far cheaper than a list of lists).
