@@ -22,6 +22,7 @@ COMPILED_MODULES = (
     "core.sim.reach",
     "core.records",
     "core.engine_sample",
+    "core.load_plan",
     "core.step_time",
     "core.workload.sending",
     "core.workload.plan",

@@ -5,49 +5,25 @@ console never care which world they run in. A backend drives the whole load plan
 closed-loop clients) because how clients wait differs between worlds: the simulator advances a virtual
 clock, a live backend awaits real HTTP streams.
 
-This is the bottom layer (it imports only core/records.py and core/engine_sample.py, whose EngineSample it
-speaks): the simulator, the workload builder, the server manager and the energy meters all speak these types,
-and none of them may import the backends package above them (the layers are checked by `lint-imports`, see
-pyproject.toml).
+This is the bottom layer of the seam (it imports only core/records.py, and core/load_plan.py and
+core/engine_sample.py, whose LoadPlan and EngineSample it speaks): the simulator, the workload builder, the
+server manager and the energy meters all speak these types, and none of them may import the backends package
+above them (the layers are checked by `lint-imports`, see pyproject.toml).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from core.engine_sample import EngineSample
-from core.records import RequestRecord, RequestSpec
+from core.load_plan import LoadPlan
+from core.records import RequestRecord
 
 
 class BackendUnavailable(RuntimeError):
     """The backend cannot serve at all (server down, engine missing). Batch exit code 3."""
-
-
-@dataclass(slots=True)
-class LoadPlan:
-    """The load to offer. `requests` is consumed lazily so closed-loop runs can be open-ended.
-
-    mode "open": each spec is sent at its `arrival_s`; `concurrency` (if set) caps requests in flight,
-      later ones wait client-side (like `vllm bench serve --max-concurrency`).
-    mode "closed": `concurrency` clients each send their next request when the previous one ends
-      (plus `think_time_s`); arrival times are assigned on send.
-    The run ends when the requests are exhausted, `max_requests` were sent, or `duration_s` has passed
-    (no new sends after it; requests in flight are allowed to finish).
-    """
-
-    requests: Iterator[RequestSpec]
-    mode: Literal["open", "closed"] = "open"
-    concurrency: int | None = None
-    think_time_s: float = 0.0
-    max_requests: int | None = None
-    duration_s: float | None = None
-    # Requests sent before this time (or the first `warmup_requests`) are flagged warmup and discarded.
-    warmup_s: float = 0.0
-    warmup_requests: int = 0
-    # Rows in the replayed trace file (None: synthetic arrivals); the run reports how many of them it sent.
-    trace_rows: int | None = None
 
 
 class RunObserver(Protocol):

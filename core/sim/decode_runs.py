@@ -15,7 +15,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
 from core.sim.compile_hints import mypyc_attr
@@ -24,6 +24,12 @@ from core.sim.sim_request import SimRequest
 
 if TYPE_CHECKING:
     from core.step_time import DecodeStepCosts
+
+
+# The earliest finish step with nobody decoding: an int beyond any step, not math.inf, so that first_finish and
+# the stretch's last step stay native ints (an int-or-float compared with the step counter each step went through
+# the generic comparison: 1.2M calls, ~100M instructions in a 100k bench-chat run).
+NO_FINISH: Final = 1 << 60
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)
@@ -112,7 +118,7 @@ class DecodeRuns(ReplicaBase[SimRequest]):
         ran = 0
         while True:
             # One batch: its steps up to the decode heap's earliest finish step.
-            first_finish = heap[0][0] if heap else math.inf
+            first_finish = heap[0][0] if heap else NO_FINISH
             costs = self._decode_terms.get(self.decoding)
             if costs is None:
                 costs = self._decode_terms[self.decoding] = self.model.decode_step_costs(self.decoding, self.width)
