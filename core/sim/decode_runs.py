@@ -108,6 +108,10 @@ class DecodeRuns(ReplicaBase[SimRequest]):
         i = self._noise_i
         times = self._step_view
         base = self._block_base
+        # The block sizes in locals: compiled, a module global is a dict lookup per read (four a stretch, 154k
+        # stretches at 100k requests); read here, per call, tests that set them (test_sim_step_blocks) still hold.
+        noise_block = NOISE_BLOCK
+        step_block = STEP_BLOCK
         # The caller's tests on max(clock, clock_floor), split (for floats, max(c, f) < x is c < x and f < x):
         # the floor's half is fixed for the run, so a step starts while clock < start_limit, and the run stops
         # after a step whose clock reaches sample_limit. After a step that completes nothing, both tests come
@@ -131,19 +135,19 @@ class DecodeRuns(ReplicaBase[SimRequest]):
             # kv_next is kv + rate, the cache after the next step, made once a step (the stop test reads it,
             # and the step stores it as the cache).
             while step <= first_finish and clock < start_limit and (kv_next := kv + rate) <= capacity:
-                if i >= NOISE_BLOCK:
+                if i >= noise_block:
                     self._noise = noise = self._noise_block()
                     i = 0
-                if step - base >= STEP_BLOCK:
+                if step - base >= step_block:
                     self._next_step_block()
                     times = self._step_view
                     base = self._block_base
                 # The stretch ends at the completing step, the block's last step or the noise block's last draw.
                 last = first_finish
-                if base + (STEP_BLOCK - 1) < last:
-                    last = base + (STEP_BLOCK - 1)
-                if step + (NOISE_BLOCK - 1 - i) < last:
-                    last = step + (NOISE_BLOCK - 1 - i)
+                if base + (step_block - 1) < last:
+                    last = base + (step_block - 1)
+                if step + (noise_block - 1 - i) < last:
+                    last = step + (noise_block - 1 - i)
                 j = step - base
                 last_j = last - base
                 i_first = i
