@@ -451,24 +451,30 @@ def test_a_sparse_simulator_run_is_charged_its_busy_time_not_its_idle_gaps() -> 
     assert running and min(running) < power.peak_w
 
 
-def test_the_simulators_sampled_power_integrates_to_the_modelled_energy() -> None:
-    """One power model: the power the simulator reports per sample (PowerModel.power_w at the utilisation
-    since the previous sample), held over each interval, adds up to PowerModel.energy_j of its busy time."""
+def _quickstart_samples(requests: int, seed: int) -> tuple[PowerModel, list[EngineSample]]:
+    """The quickstart calibration's power model and a simulator run's samples, at 4 req/s (busy part of the
+    time, so utilisation takes many values between samples)."""
     from core.profile import load_calibration, load_profile
     from core.sim.engine import SimEngine
     from core.workload import build_load_plan
 
     profile = load_profile("quickstart")
-    arrival = profile.workload.arrival.model_copy(update={"rate_rps": 4.0})  # busy part of the time
+    arrival = profile.workload.arrival.model_copy(update={"rate_rps": 4.0})
     profile = profile.model_copy(update={"workload": profile.workload.model_copy(update={"arrival": arrival})})
     calibration = load_calibration(profile)
-    power = calibration.power
-    assert power is not None
+    assert calibration.power is not None
     samples: list[EngineSample] = []
     engine = SimEngine(
-        calibration, profile.knobs, build_load_plan(profile, requests=200), seed=1, on_sample=samples.append
+        calibration, profile.knobs, build_load_plan(profile, requests=requests), seed=seed, on_sample=samples.append
     )
     engine.run()
+    return calibration.power, samples
+
+
+def test_the_simulators_sampled_power_integrates_to_the_modelled_energy() -> None:
+    """One power model: the power the simulator reports per sample (PowerModel.power_w at the utilisation
+    since the previous sample), held over each interval, adds up to PowerModel.energy_j of its busy time."""
+    power, samples = _quickstart_samples(requests=200, seed=1)
     assert len(samples) > 10
     times = [0.0] + [s.time_s for s in samples]
     integrated = sum(s.power_w * (t1 - t0) for s, t0, t1 in zip(samples, times[:-1], times[1:], strict=True))  # type: ignore[operator]
@@ -480,21 +486,7 @@ def test_the_simulators_sampled_power_integrates_to_the_modelled_energy() -> Non
 def test_the_simulators_sample_power_is_power_w_to_the_bit() -> None:
     """The simulator applies PowerModel.power_w's line itself (idle_w and slope_w read once per run): each
     sample's power equals power_w at the busy share since the previous sample, bit for bit."""
-    from core.profile import load_calibration, load_profile
-    from core.sim.engine import SimEngine
-    from core.workload import build_load_plan
-
-    profile = load_profile("quickstart")
-    arrival = profile.workload.arrival.model_copy(update={"rate_rps": 4.0})  # busy part of the time
-    profile = profile.model_copy(update={"workload": profile.workload.model_copy(update={"arrival": arrival})})
-    calibration = load_calibration(profile)
-    power = calibration.power
-    assert power is not None
-    samples: list[EngineSample] = []
-    engine = SimEngine(
-        calibration, profile.knobs, build_load_plan(profile, requests=300), seed=3, on_sample=samples.append
-    )
-    engine.run()
+    power, samples = _quickstart_samples(requests=300, seed=3)
     last_time, last_busy = 0.0, 0.0
     shares = set()
     for sample in samples:
