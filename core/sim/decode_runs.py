@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Final
 
-from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
+from core.sim.blocks import NOISE_CHUNK, STEP_BLOCK
 from core.sim.compile_hints import mypyc_attr
 from core.sim.replica_base import ReplicaBase
 from core.sim.sim_request import SimRequest
@@ -110,7 +110,7 @@ class DecodeRuns(ReplicaBase[SimRequest]):
         base = self._block_base
         # The block sizes in locals: compiled, a module global is a dict lookup per read (four a stretch, 154k
         # stretches at 100k requests); read here, per call, tests that set them (test_sim_step_blocks) still hold.
-        noise_block = NOISE_BLOCK
+        noise_block = NOISE_CHUNK  # (the length of the noise list the steps read)
         step_block = STEP_BLOCK
         # The caller's tests on max(clock, clock_floor), split (for floats, max(c, f) < x is c < x and f < x):
         # the floor's half is fixed for the run, so a step starts while clock < start_limit, and the run stops

@@ -368,8 +368,6 @@ class SimEngine:
             raise RuntimeError(f"scheduling mode {self.policy.name!r} lost {self._held} held request(s) at drain()")
         if self.clients.done():
             self.finished = True
-            for replica in self.replicas:
-                replica.release_noise()
 
     def advance_until(self, until_s: float) -> bool:
         """Process events up to virtual time `until_s`. Returns True when the whole plan is done."""

@@ -38,7 +38,7 @@ import math
 import numpy as np
 
 from core.profile import Calibration, KnobsSpec
-from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
+from core.sim.blocks import NOISE_CHUNK, STEP_BLOCK
 from core.sim.compile_hints import mypyc_attr
 from core.sim.decode_runs import DecodeRuns
 from core.sim.sim_request import CompletionCallback, SimRequest
@@ -184,7 +184,7 @@ class EngineReplica(DecodeRuns):
         )
         # _noisy
         i = self._noise_i
-        if i >= NOISE_BLOCK:
+        if i >= NOISE_CHUNK:
             self._noise = self._noise_block()
             i = 0
         self._noise_i = i + 1

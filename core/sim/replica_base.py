@@ -24,7 +24,7 @@ import numpy as np
 from core.controller_api import ControlledRequest
 from core.profile import Calibration, KnobsSpec
 from core.records import RequestSpec
-from core.sim.blocks import NOISE_BLOCK, STEP_BLOCK
+from core.sim.blocks import NOISE_BLOCK, NOISE_CHUNK, STEP_BLOCK
 from core.sim.compile_hints import mypyc_attr
 from core.sim.sim_request import CompletionCallback, SimRequest
 from core.sim.stalls import StallClock
@@ -54,7 +54,10 @@ class ReplicaBase(Generic[Q]):
         self.model = StepTimeModel.from_calibration(calibration)
         self.rng = rng
         self.on_complete = on_complete
-        self._noise = self._noise_block()
+        # The current NOISE_BLOCK draws, the next chunk's place in them (past the end: the first chunk draws them)
+        self._noise_draws: np.ndarray | None = None
+        self._noise_next = NOISE_BLOCK
+        self._noise = self._noise_block()  # the chunk being read (a list of NOISE_CHUNK factors)
         self._noise_i = 0
         self._stalls = (
             StallClock(calibration.stalls, rng) if calibration.stalls and calibration.stalls.rate_per_s else None
@@ -138,30 +141,29 @@ class ReplicaBase(Generic[Q]):
         return min(1.0, self.kv_used / self.kv_capacity)
 
     def _noise_block(self) -> list[float]:
-        """The next NOISE_BLOCK step-time factors, as a list of the same doubles: compiled, a list's item is read
-        natively (~20 instructions), an array.array's or a numpy array's through the generic item protocol with a
-        boxed index (~220, once per step: 666k steps in a 100k bench-chat run). It holds 32 bytes a value
-        against an array's 8: 1.5 MiB more for the one block alive."""
+        """The next NOISE_CHUNK step-time factors, as a list of the same doubles (blocks.py says why a list, and
+        why a chunk). The replica's rng draws NOISE_BLOCK of them at a time, when a step first needs one of a new
+        block, as it always has: the same draws at the same point of its stream."""
         cv = self.calibration.noise_cv
         if cv <= 0:
-            return [1.0] * NOISE_BLOCK
-        sigma = math.sqrt(math.log1p(cv * cv))
-        factors: list[float] = self.rng.lognormal(-0.5 * sigma * sigma, sigma, NOISE_BLOCK).tolist()
+            return [1.0] * NOISE_CHUNK
+        start = self._noise_next
+        if start >= NOISE_BLOCK:
+            sigma = math.sqrt(math.log1p(cv * cv))
+            self._noise_draws = self.rng.lognormal(-0.5 * sigma * sigma, sigma, NOISE_BLOCK)
+            start = 0
+        self._noise_next = start + NOISE_CHUNK
+        draws = self._noise_draws
+        assert draws is not None
+        factors: list[float] = draws[start : start + NOISE_CHUNK].tolist()
         return factors
-
-    def release_noise(self) -> None:
-        """The run is over: drop the noise block (NOISE_BLOCK floats in a list, ~2 MiB), which a finished engine
-        otherwise keeps for as long as anything holds it (a sim backend keeps its last engine for reach(): a
-        quickstart tune's peak grew 88 -> 119 MiB when the block became a list). A step after this fails loudly
-        (an index into the empty list) rather than drawing other noise."""
-        self._noise = []
 
     def _blocks(self, tokens: int) -> int:
         return -(-tokens // self.block) * self.block
 
     def _noisy(self, dt: float) -> float:
         i = self._noise_i
-        if i >= NOISE_BLOCK:
+        if i >= NOISE_CHUNK:
             self._noise = self._noise_block()
             i = 0
         self._noise_i = i + 1
